@@ -1,0 +1,30 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""rpg_trl: RPG (Regularized Policy Gradient) as a drop-in extension of TRL's GRPOTrainer."""
+
+__version__ = "0.1.0"
+
+from .losses import DIVERGENCES, ESTIMATORS, PAPER_NAMES, aggregate_loss, rpg_loss, rpg_per_token_loss
+
+
+_LAZY = {"RPGConfig": ".config", "RPGTrainer": ".trainer"}
+
+
+def __getattr__(name):
+    # The config and trainer import TRL/transformers (seconds); the loss library stays importable instantly.
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DIVERGENCES",
+    "ESTIMATORS",
+    "PAPER_NAMES",
+    "RPGConfig",
+    "RPGTrainer",
+    "aggregate_loss",
+    "rpg_loss",
+    "rpg_per_token_loss",
+]

@@ -214,25 +214,25 @@ def rpg_per_token_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token RPG loss, before aggregation: returns ``(per_token_loss (B, T) float32, per-token stats)``.
 
-    Arguments are those of [`rpg_loss`] (which validates them); ``mask`` must already be a float tensor. The stats
-    dict holds (B, T) float tensors, detached: ``kl`` (the per-token divergence estimate ``S``), ``is_low_clipped``,
+    Arguments are those of [`rpg_loss`] (which validates them). Computation runs in float32 (float64 inputs stay
+    float64), whatever the input dtype. The stats dict holds (B, T) float tensors, detached: ``kl`` (the per-token divergence estimate ``S``), ``is_low_clipped``,
     ``is_high_clipped``, ``is_dual_clipped`` and ``importance_weight`` (``w``).
     """
-    f32 = torch.float32
+    dtype = torch.promote_types(logps.dtype, torch.float32)
     active = mask > 0
-    mask = mask.to(f32)
+    mask = mask.to(dtype)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
-    adv = torch.where(active, advantages.to(f32).expand_as(mask), torch.zeros((), dtype=f32, device=mask.device))
+    adv = torch.where(active, advantages.to(dtype).expand_as(mask), torch.zeros((), dtype=dtype, device=mask.device))
 
     # Log-ratios: masked positions are set to 0 (w = r = 1) so padding can never inject NaN/inf; clamp before exp.
-    zero = torch.zeros((), dtype=f32, device=mask.device)
-    token_log_ratio = torch.where(active, logps.to(f32) - old_logps.to(f32).detach(), zero)
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    token_log_ratio = torch.where(active, logps.to(dtype) - old_logps.to(dtype).detach(), zero)
     log_ratio = token_log_ratio
     if ref_logps is None:
         log_r = torch.zeros_like(mask)
     else:
-        log_r = torch.where(active, ref_logps.to(f32).detach() - old_logps.to(f32).detach(), zero)
+        log_r = torch.where(active, ref_logps.to(dtype).detach() - old_logps.to(dtype).detach(), zero)
         log_r = log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if importance_sampling_level == "sequence":
         # GSPO-style sequence weight: the geometric mean of the token ratios, shared by every token of a sequence.
@@ -285,9 +285,9 @@ def rpg_per_token_loss(
     per_token_loss = torch.where(active, per_token_loss, zero)
     stats = {
         "kl": kl_value if kl_importance_weight else _uncorrected_k3(log_w.detach(), log_r),
-        "is_low_clipped": is_low_clipped.to(f32),
-        "is_high_clipped": is_high_clipped.to(f32),
-        "is_dual_clipped": is_dual_clipped.to(f32),
+        "is_low_clipped": is_low_clipped.to(dtype),
+        "is_high_clipped": is_high_clipped.to(dtype),
+        "is_dual_clipped": is_dual_clipped.to(dtype),
         "importance_weight": w_d,
     }
     return per_token_loss, stats
@@ -388,7 +388,7 @@ def rpg_loss(
         importance_sampling_level=importance_sampling_level,
         kl_importance_weight=kl_importance_weight,
     )
-    fmask = (mask > 0).to(torch.float32)
+    fmask = (mask > 0).to(per_token_loss.dtype)
     loss = aggregate_loss(per_token_loss, fmask, aggregation, num_items)
     return loss, summarize_stats(stats, fmask)
 

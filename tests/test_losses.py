@@ -1,0 +1,333 @@
+"""Tests of `rpg_trl.losses`: every expected value comes from the paper's closed forms, computed here in float64."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss
+
+
+B, T = 3, 5
+BETA = 0.3  # large enough that the KL part of W is clearly visible in the gradients
+
+
+def closed_form_W(divergence, lp, old, ref, adv, beta):
+    """W of RPG_SPEC §2 (Props 3.2, 3.6, E.1, E.3 with a separate reference), float64 numpy."""
+    w = np.exp(lp - old)
+    r = np.ones_like(w) if ref is None else np.exp(ref - old)
+    log_rho = np.log(w) - np.log(r)
+    a = adv[:, None] if adv.ndim == 1 else adv
+    if divergence == "fkl":
+        return w * a + beta * r
+    if divergence == "ufkl":
+        return w * a - beta * (w - r)
+    if divergence == "rkl":
+        return w * a - beta * w * (log_rho + 1)
+    if divergence == "urkl":
+        return w * a - beta * w * log_rho
+    raise AssertionError(divergence)
+
+
+def make_inputs(seed=0, spread=0.3, with_ref=False):
+    g = np.random.default_rng(seed)
+    old = -g.uniform(0.5, 3.0, size=(B, T))
+    lp = old + g.uniform(-spread, spread, size=(B, T))
+    ref = old + g.uniform(-spread, spread, size=(B, T)) if with_ref else None
+    adv = g.normal(size=B)
+    mask = np.ones((B, T))
+    mask[0, 3:] = 0
+    mask[2, 4:] = 0
+    return lp, old, ref, adv, mask
+
+
+def grad_of(lp, old, ref, adv, mask, **kwargs):
+    logps = torch.tensor(lp, dtype=torch.float64, requires_grad=True)
+    loss, metrics = rpg_loss(
+        logps,
+        torch.tensor(old),
+        torch.tensor(adv),
+        torch.tensor(mask),
+        ref_logps=None if ref is None else torch.tensor(ref),
+        **kwargs,
+    )
+    loss.backward()
+    return loss, logps.grad.double().numpy(), metrics
+
+
+@pytest.mark.parametrize("with_ref", [False, True], ids=["ref=old", "separate-ref"])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_unclipped_gradient_equals_closed_form_weight(divergence, estimator, with_ref):
+    lp, old, ref, adv, mask = make_inputs(seed=1, with_ref=with_ref)
+    _, grad, _ = grad_of(lp, old, ref, adv, mask, divergence=divergence, estimator=estimator, beta=BETA, clip=False)
+    expected = -mask * closed_form_W(divergence, lp, old, ref, adv, BETA) / mask.sum()
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("with_ref", [False, True])
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_proposition_4_1_estimators_agree_unclipped(divergence, with_ref):
+    lp, old, ref, adv, mask = make_inputs(seed=2, spread=0.8, with_ref=with_ref)
+    grads = [
+        grad_of(lp, old, ref, adv, mask, divergence=divergence, estimator=e, beta=BETA, clip=False)[1]
+        for e in ESTIMATORS
+    ]
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-5, atol=1e-8)
+
+
+# On-policy, ref = old: w = r = 1, log ρ = 0, so W = A + β·c with c = +1 (fkl), 0 (ufkl), −1 (rkl), 0 (urkl).
+ON_POLICY_KL_CONSTANT = {"fkl": 1.0, "ufkl": 0.0, "rkl": -1.0, "urkl": 0.0}
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_on_policy_is_reinforce_plus_kl_constant(divergence, estimator):
+    _, old, _, adv, mask = make_inputs(seed=3)
+    _, grad, metrics = grad_of(old.copy(), old, None, adv, mask, divergence=divergence, estimator=estimator, beta=BETA)
+    expected = -mask * (adv[:, None] + BETA * ON_POLICY_KL_CONSTANT[divergence]) / mask.sum()
+    np.testing.assert_allclose(grad, expected, rtol=1e-6, atol=1e-9)
+    # On-policy with π_ref = π_old every divergence is 0 and nothing is clipped.
+    assert float(metrics["kl"]) == pytest.approx(0.0, abs=1e-9)
+    assert float(metrics["clip_ratio/region_mean"]) == 0.0
+    assert float(metrics["importance_weight/mean"]) == pytest.approx(1.0)
+
+
+# Tokens placed in each region of RPG-Style Clip (eps_low=0.2, eps_high=0.28, c=10); RPG_SPEC §3.
+#            (advantage, w,    reward term active?)
+CLIP_CASES = [
+    (+1.0, 0.50, True),  # A > 0: active below 1 + eps_high, also below 1 - eps_low
+    (+1.0, 1.10, True),
+    (+1.0, 1.27, True),
+    (+1.0, 1.29, False),  # above 1 + eps_high
+    (+1.0, 3.00, False),
+    (-1.0, 0.79, False),  # A < 0: below 1 - eps_low
+    (-1.0, 0.81, True),
+    (-1.0, 1.50, True),  # between 1 + eps_high and c: still active (dual clip)
+    (-1.0, 9.90, True),
+    (-1.0, 10.1, False),  # above c
+    (-1.0, 40.0, False),
+]
+
+
+def _clip_inputs():
+    adv = np.array([a for a, _, _ in CLIP_CASES])
+    w = np.array([x for _, x, _ in CLIP_CASES])
+    old = np.full((len(CLIP_CASES), 1), -2.0)
+    lp = old + np.log(w)[:, None]
+    mask = np.ones_like(old)
+    active = np.array([act for _, _, act in CLIP_CASES])
+    return lp, old, adv, mask, w, active
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_dual_clip_regions_reward_term(estimator):
+    lp, old, adv, mask, w, active = _clip_inputs()
+    _, grad, metrics = grad_of(lp, old, None, adv, mask, divergence="urkl", estimator=estimator, beta=0.0, clip=True)
+    n = mask.sum()
+    expected = np.where(active, -w * adv / n, 0.0)
+    np.testing.assert_allclose(grad[:, 0], expected, rtol=1e-6, atol=1e-12)
+    # Hand-counted fractions: low = {0.79}, high = {1.29, 3.0}, dual = {10.1, 40}.
+    assert float(metrics["clip_ratio/low_mean"]) == pytest.approx(1 / 11)
+    assert float(metrics["clip_ratio/high_mean"]) == pytest.approx(2 / 11)
+    assert float(metrics["clip_ratio/dual_mean"]) == pytest.approx(2 / 11)
+    assert float(metrics["clip_ratio/region_mean"]) == pytest.approx(5 / 11)
+    assert float(metrics["importance_weight/max"]) == pytest.approx(40.0)
+    assert float(metrics["importance_weight/min"]) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_dual_clip_with_kl_interior_exact_and_kl_kept_outside(divergence, estimator):
+    lp, old, adv, mask, w, active = _clip_inputs()
+    _, grad, _ = grad_of(lp, old, None, adv, mask, divergence=divergence, estimator=estimator, beta=BETA, clip=True)
+    n = mask.sum()
+    full_w = closed_form_W(divergence, lp, old, None, adv, BETA)[:, 0]
+    kl_only_w = closed_form_W(divergence, lp, old, None, np.zeros_like(adv), BETA)[:, 0]
+    interior = (w >= 0.8) & (w <= 1.28)
+    np.testing.assert_allclose(grad[interior, 0], -full_w[interior] / n, rtol=1e-6)
+    clipped = ~active
+    if estimator == "differentiable":
+        # The KL surrogate is outside the clip: its gradient uses the true weight w.
+        expected_kl = -kl_only_w[clipped] / n
+    else:
+        # Remark F.2: inside SG(·) the KL component uses w̄ = clip(w, 1 - eps_low, 1 + eps_high).
+        w_bar = np.clip(w, 0.8, 1.28)
+        lp_bar = old[:, 0] + np.log(w_bar)
+        expected_kl = -closed_form_W(divergence, lp_bar[:, None], old, None, np.zeros_like(adv), BETA)[clipped, 0] / n
+    np.testing.assert_allclose(grad[clipped, 0], expected_kl, rtol=1e-6, atol=1e-12)
+
+
+def test_clip_off_keeps_every_reward_gradient():
+    lp, old, adv, mask, w, _ = _clip_inputs()
+    _, grad, _ = grad_of(lp, old, None, adv, mask, estimator="reinforce", beta=0.0, clip=False)
+    np.testing.assert_allclose(grad[:, 0], -w * adv / mask.sum(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_uncorrected_grpo_kl_matches_on_policy_value_and_differs_off_policy(estimator):
+    kwargs = dict(divergence="urkl", estimator=estimator, beta=BETA, clip=False)
+    lp, old, ref, adv, mask = make_inputs(seed=4, spread=0.5, with_ref=True)
+    zero_adv = np.zeros_like(adv)
+    # On-policy (π_θ = π_old): w = 1, so w·k3 = k3 and the KL metric (the penalty's value) is the same.
+    _, _, m_corr = grad_of(old.copy(), old, ref, zero_adv, mask, kl_importance_weight=True, **kwargs)
+    _, _, m_unc = grad_of(old.copy(), old, ref, zero_adv, mask, kl_importance_weight=False, **kwargs)
+    k3 = np.exp(ref - old) - (ref - old) - 1  # GRPO's k3 at π_θ = π_old, by hand
+    assert float(m_corr["kl"]) == pytest.approx((k3 * mask).sum() / mask.sum(), rel=1e-6)
+    assert float(m_unc["kl"]) == pytest.approx((k3 * mask).sum() / mask.sum(), rel=1e-6)
+    if estimator == "differentiable":  # the loss value is β·mean k3 in both forms
+        l_corr, _, _ = grad_of(old.copy(), old, ref, zero_adv, mask, kl_importance_weight=True, **kwargs)
+        l_unc, _, _ = grad_of(old.copy(), old, ref, zero_adv, mask, kl_importance_weight=False, **kwargs)
+        assert float(l_corr) == pytest.approx(float(l_unc), rel=1e-9)
+        assert float(l_unc) == pytest.approx(BETA * (k3 * mask).sum() / mask.sum(), rel=1e-6)
+    # Off-policy: the uncorrected gradient is β·(1 − π_ref/π_θ), not the URKL weight β·w·log ρ.
+    _, g_corr, _ = grad_of(lp, old, ref, zero_adv, mask, kl_importance_weight=True, **kwargs)
+    _, g_unc, _ = grad_of(lp, old, ref, zero_adv, mask, kl_importance_weight=False, **kwargs)
+    np.testing.assert_allclose(g_unc, mask * BETA * (1 - np.exp(ref - lp)) / mask.sum(), rtol=1e-6, atol=1e-12)
+    assert np.abs(g_corr - g_unc).max() > 1e-4
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_aggregations(estimator):
+    lp, old, ref, adv, mask = make_inputs(seed=5)
+    W = closed_form_W("urkl", lp, old, ref, adv, BETA)
+    lengths = mask.sum(-1, keepdims=True)
+    kwargs = dict(divergence="urkl", estimator=estimator, beta=BETA, clip=False)
+    _, g, _ = grad_of(lp, old, ref, adv, mask, aggregation="seq-mean-token-mean", **kwargs)
+    np.testing.assert_allclose(g, -mask * W / lengths / B, rtol=1e-6)
+    _, g, _ = grad_of(lp, old, ref, adv, mask, aggregation="seq-mean-token-sum", **kwargs)
+    np.testing.assert_allclose(g, -mask * W / B, rtol=1e-6)
+    _, g, _ = grad_of(lp, old, ref, adv, mask, aggregation="token-mean", num_items=40.0, **kwargs)
+    np.testing.assert_allclose(g, -mask * W / 40.0, rtol=1e-6)
+
+
+def test_kl_metric_is_the_importance_weighted_divergence_estimate():
+    lp, old, ref, adv, mask = make_inputs(seed=6, spread=0.6, with_ref=True)
+    w, r = np.exp(lp - old), np.exp(ref - old)
+    by_hand = {
+        "fkl": r * (np.log(r) - np.log(w)),
+        "ufkl": r * (np.log(r) - np.log(w)) - r + w,
+        "rkl": w * (np.log(w) - np.log(r)),
+        "urkl": w * (np.log(w) - np.log(r)) - w + r,
+    }
+    for divergence, per_token in by_hand.items():
+        _, _, metrics = grad_of(lp, old, ref, adv, mask, divergence=divergence, beta=BETA)
+        assert float(metrics["kl"]) == pytest.approx((per_token * mask).sum() / mask.sum(), rel=1e-6)
+
+
+def test_sequence_level_importance_weight_is_geometric_mean():
+    lp, old, _, adv, mask = make_inputs(seed=7)
+    _, grad, metrics = grad_of(
+        lp, old, None, adv, mask, importance_sampling_level="sequence", estimator="reinforce", beta=0.0, clip=False
+    )
+    seq_w = np.exp(((lp - old) * mask).sum(-1) / mask.sum(-1))
+    np.testing.assert_allclose(grad, -mask * seq_w[:, None] * adv[:, None] / mask.sum(), rtol=1e-6)
+    assert float(metrics["importance_weight/mean"]) == pytest.approx((seq_w[:, None] * mask).sum() / mask.sum())
+    # The differentiable estimator gives the same gradient (token-mean, GSPO-style): Σ_t ∂(−s·A)/∂log π_k = −s·A.
+    _, grad_d, _ = grad_of(
+        lp, old, None, adv, mask, importance_sampling_level="sequence", estimator="differentiable", beta=0.0, clip=False
+    )
+    np.testing.assert_allclose(grad_d, grad, rtol=1e-6)
+
+
+def test_masked_tokens_get_exactly_zero_gradient_even_with_garbage():
+    lp, old, ref, adv, mask = make_inputs(seed=8, with_ref=True)
+    lp[0, 4], old[0, 4], ref[0, 4] = 1e30, -1e30, float("nan")  # padding may hold anything
+    for estimator in ESTIMATORS:
+        loss, grad, _ = grad_of(lp, old, ref, adv, mask, estimator=estimator)
+        assert math.isfinite(float(loss))
+        assert np.all(grad[mask == 0] == 0.0)
+        assert np.all(np.isfinite(grad))
+
+
+def test_all_zero_mask_gives_zero_loss_that_backpropagates():
+    lp, old, _, adv, _ = make_inputs(seed=9)
+    for aggregation in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        loss, grad, metrics = grad_of(lp, old, None, adv, np.zeros((B, T)), aggregation=aggregation)
+        assert float(loss) == 0.0
+        assert np.all(grad == 0.0)
+        assert float(metrics["num_tokens"]) == 0.0
+
+
+def test_advantage_shapes_b_and_bt_agree():
+    lp, old, _, adv, mask = make_inputs(seed=10)
+    _, g1, _ = grad_of(lp, old, None, adv, mask)
+    _, g2, _ = grad_of(lp, old, None, np.repeat(adv[:, None], T, axis=1), mask)
+    np.testing.assert_allclose(g1, g2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(divergence="kl"), "divergence"),
+        (dict(estimator="ppo"), "estimator"),
+        (dict(aggregation="mean"), "aggregation"),
+        (dict(clip_c=1.0), "clip_c"),
+        (dict(clip_c=0.5), "clip_c"),
+        (dict(epsilon_low=-0.1), "epsilon_low"),
+        (dict(epsilon_high=-0.1), "epsilon_high"),
+        (dict(epsilon_low=1.0), "epsilon_low"),
+        (dict(beta=-1e-4), "beta"),
+        (dict(beta=float("nan")), "beta"),
+        (dict(importance_sampling_level="batch"), "importance_sampling_level"),
+        (dict(kl_importance_weight=False, divergence="fkl"), "kl_importance_weight"),
+    ],
+)
+def test_invalid_hyperparameters_raise(kwargs, match):
+    lp, old, _, adv, mask = make_inputs()
+    with pytest.raises(ValueError, match=match):
+        rpg_loss(torch.tensor(lp), torch.tensor(old), torch.tensor(adv), torch.tensor(mask), **kwargs)
+
+
+def test_shape_mismatch_raises():
+    lp, old, _, adv, mask = make_inputs()
+    t = torch.tensor
+    with pytest.raises(ValueError, match="old_logps"):
+        rpg_loss(t(lp), t(old[:, :-1]), t(adv), t(mask))
+    with pytest.raises(ValueError, match="mask"):
+        rpg_loss(t(lp), t(old), t(adv), t(mask[:-1]))
+    with pytest.raises(ValueError, match="advantages"):
+        rpg_loss(t(lp), t(old), t(adv[:-1]), t(mask))
+    with pytest.raises(ValueError, match="ref_logps"):
+        rpg_loss(t(lp), t(old), t(adv), t(mask), ref_logps=t(old[:, :2]))
+    with pytest.raises(ValueError, match="logps"):
+        rpg_loss(t(lp[0]), t(old[0]), t(adv), t(mask[0]))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    b=st.integers(1, 4),
+    t=st.integers(1, 7),
+    seed=st.integers(0, 2**16),
+    scale=st.sampled_from([0.0, 1.0, 10.0, 60.0, 1e4]),
+    divergence=st.sampled_from(DIVERGENCES),
+    estimator=st.sampled_from(ESTIMATORS),
+    clip=st.booleans(),
+    with_ref=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    aggregation=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]),
+)
+def test_property_finite_for_any_finite_input(
+    b, t, seed, scale, divergence, estimator, clip, with_ref, dtype, aggregation
+):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g) * 5
+    logps = (old + (torch.rand(b, t, generator=g) * 2 - 1) * scale).to(dtype).requires_grad_(True)
+    ref = (old + (torch.rand(b, t, generator=g) * 2 - 1) * scale).to(dtype) if with_ref else None
+    mask = (torch.rand(b, t, generator=g) > 0.3).float()
+    adv = torch.randn(b, generator=g) * (1 + scale)
+    loss, metrics = rpg_loss(
+        logps, old.to(dtype), adv, mask, ref_logps=ref, divergence=divergence, estimator=estimator, clip=clip,
+        beta=0.1, aggregation=aggregation,
+    )
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert torch.isfinite(logps.grad).all()
+    assert (logps.grad[mask == 0] == 0).all()
+    for key, value in metrics.items():
+        if mask.sum() > 0 or key in ("kl", "num_tokens") or "clip_ratio" in key or key == "importance_weight/mean":
+            assert torch.isfinite(value), key
+        assert not value.requires_grad

@@ -237,3 +237,31 @@ def test_model_card_names_rpg_and_cites_the_paper(tiny_model_dir, tmp_path):
     trainer.create_model_card(model_name="tiny-rpg")
     card = (tmp_path / "README.md").read_text()
     assert "2505.17508" in card and "rpg-reinforce-urkl" in card
+
+
+GRPO_USER_SCRIPT = '''
+from trl import GRPOConfig, GRPOTrainer
+
+def reward_len(completions, **kwargs):
+    return [-abs(6 - len(c)) for c in completions]
+
+training_args = GRPOConfig(
+    output_dir=OUTPUT_DIR, per_device_train_batch_size=4, num_generations=4, max_completion_length=8,
+    max_steps=2, beta=0.04, loss_type="grpo", report_to="none", use_cpu=True, save_strategy="no",
+)
+trainer = GRPOTrainer(
+    model=MODEL, reward_funcs=reward_len, args=training_args, train_dataset=DATASET
+)
+trainer.train()
+'''
+
+
+def test_a_grpo_user_script_runs_with_only_the_class_names_swapped(tiny_model_dir, tmp_path):
+    script = GRPO_USER_SCRIPT.replace("from trl import GRPOConfig, GRPOTrainer", "from rpg_trl import RPGConfig, RPGTrainer")
+    script = script.replace("GRPOConfig(", "RPGConfig(").replace("GRPOTrainer(", "RPGTrainer(")
+    namespace = dict(OUTPUT_DIR=str(tmp_path), MODEL=tiny_model_dir, DATASET=PROMPTS)
+    exec(compile(script, "user_script.py", "exec"), namespace)
+    trainer = namespace["trainer"]
+    assert isinstance(trainer, RPGTrainer) and trainer.state.global_step == 2
+    assert trainer.args.aggregation == "seq-mean-token-mean"  # loss_type="grpo" keeps choosing the aggregation
+    assert all(math.isfinite(x) for x in logged(trainer, "loss"))

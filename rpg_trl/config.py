@@ -139,6 +139,65 @@ class RPGConfig(GRPOConfig):
         },
     )
 
+    # Iterative reference updates with a separate reference (RPG_SPEC §5, `rpg_trl.callbacks.RefModelSyncCallback`).
+    ref_model_sync_kl_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "κ: with kl_anchor='reference', sync the reference to the policy (π_ref ← π_θ) when the moving "
+            "average of the token KL between them (the `kl` metric, reduced over processes) exceeds κ; the separate-"
+            "reference form of the paper's iterative reference update (Sec. 5). Works with a full reference model "
+            "and with PEFT (a 'ref' adapter). Combines with `sync_ref_model` (every `ref_model_sync_steps` steps, "
+            "mixing with `ref_model_mixup_alpha`). None (default): no KL-triggered sync."
+        },
+    )
+    ref_model_sync_kl_ema: float = field(
+        default=0.9,
+        metadata={
+            "help": "γ in [0, 1) of the moving average m ← γ·m + (1 − γ)·KL compared with "
+            "`ref_model_sync_kl_threshold`; it restarts from the first KL after each sync. Default 0.9 (about a "
+            "10-step window); 0 compares the last step's KL alone."
+        },
+    )
+
+    # DAPO dynamic sampling (Yu et al., 2025; the paper's runs, Sec. 5), `rpg_trl.dynamic_sampling`.
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling: drop the groups whose rewards are all equal (accuracy all 0 or all 1: zero "
+            "advantage) and generate completions for new training prompts until every generation batch is full of "
+            "groups with signal, for at most `dynamic_sampling_max_rounds` generation rounds. Default False (TRL's "
+            "sampling); the paper's runs use it. Requires per_device_train_batch_size * steps_per_generation to be a "
+            "multiple of num_generations and a map-style training dataset."
+        },
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=20,
+        metadata={
+            "help": "Most generation rounds (the first included) per generation batch with `dynamic_sampling`; if the "
+            "batch is still short after the last round it is filled with zero-variance groups (advantage 0) and "
+            "`dynamic_sampling/filled_fraction` says how many. Default 20 (the paper's setup)."
+        },
+    )
+    dynamic_sampling_metric: str | None = field(
+        default=None,
+        metadata={
+            "help": "Name of the reward function whose per-group variance decides which groups are kept (e.g. "
+            "'accuracy_reward', DAPO's and the paper's filter on accuracy, so that an overlong penalty alone does not "
+            "keep a group). None (default): the weighted sum of all rewards (TRL's `reward`)."
+        },
+    )
+
+    # Reliability (`rpg_trl.safety`, docs/guarantees.md).
+    importance_weight_warning_threshold: float | None = field(
+        default=100.0,
+        metadata={
+            "help": "Warn (at most once every 100 optimizer steps) when the largest importance weight π_θ/π_old of a "
+            "logging interval exceeds this value: the policy has diverged from the policy that sampled the batch. "
+            "Default 100 (log-ratio ≈ 4.6, far beyond the clip bounds 1 + epsilon_high and clip_c = 10). None: never "
+            "warn."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
         if self.epsilon_high is None:
@@ -162,6 +221,7 @@ class RPGConfig(GRPOConfig):
             aggregation=self.aggregation,
             importance_sampling_level=self.importance_sampling_level,
             kl_importance_weight=self.kl_importance_weight,
+            names={"clip": "rpg_clip", "epsilon_low": "epsilon"},
         )
         if self.kl_anchor not in KL_ANCHORS:
             raise ValueError(f"`kl_anchor` must be one of {list(KL_ANCHORS)}; got {self.kl_anchor!r}.")
@@ -195,3 +255,94 @@ class RPGConfig(GRPOConfig):
                     "per generation batch; raise `steps_per_generation` or `num_iterations` to make the KL act.",
                     stacklevel=2,
                 )
+        if self.ref_model_sync_kl_threshold is not None:
+            if not self.ref_model_sync_kl_threshold > 0:
+                raise ValueError(
+                    f"`ref_model_sync_kl_threshold` (κ) must be > 0; got {self.ref_model_sync_kl_threshold}. Use None "
+                    "to disable the KL-triggered reference sync."
+                )
+            if self.kl_anchor != "reference":
+                raise ValueError(
+                    "`ref_model_sync_kl_threshold` needs a reference model to sync, but `kl_anchor='sampling'` "
+                    "anchors the KL to the sampling policy (no reference exists). Set `kl_anchor='reference'` or "
+                    "`ref_model_sync_kl_threshold=None`."
+                )
+        if not 0.0 <= self.ref_model_sync_kl_ema < 1.0:
+            raise ValueError(f"`ref_model_sync_kl_ema` must be in [0, 1); got {self.ref_model_sync_kl_ema}.")
+        if self.ref_model_sync_steps < 1:
+            raise ValueError(
+                f"`ref_model_sync_steps` must be >= 1 (the sync interval in optimizer steps); got "
+                f"{self.ref_model_sync_steps}."
+            )
+        if self.sync_ref_model and not 0.0 < self.ref_model_mixup_alpha <= 1.0:
+            raise ValueError(
+                f"`ref_model_mixup_alpha` must be in (0, 1] (π_ref ← α·π_θ + (1 − α)·π_ref); got "
+                f"{self.ref_model_mixup_alpha}."
+            )
+        max_rounds = self.dynamic_sampling_max_rounds
+        if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+            raise ValueError(
+                f"`dynamic_sampling_max_rounds` must be an integer >= 1 (generation rounds per batch, the first "
+                f"included; the paper uses 20); got {max_rounds!r}."
+            )
+        local_generation_batch = self.per_device_train_batch_size * self.steps_per_generation
+        if self.dynamic_sampling and local_generation_batch % self.num_generations != 0:
+            raise ValueError(
+                f"`dynamic_sampling` keeps or drops whole groups on the process that generated them, so each process's "
+                f"generation batch (per_device_train_batch_size * steps_per_generation = {local_generation_batch}) "
+                f"must be a multiple of num_generations ({self.num_generations}). Change per_device_train_batch_size "
+                "or steps_per_generation (or generation_batch_size)."
+            )
+
+        # Reliability checks (rpg_trl.safety; tests/test_reliability.py): values that would fail or give NaN later.
+        import math
+
+        threshold = self.importance_weight_warning_threshold
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 1.0 < threshold < math.inf
+        ):
+            raise ValueError(
+                f"`importance_weight_warning_threshold` must be a finite number > 1 (a bound on π_θ/π_old) or None; "
+                f"got {threshold!r}."
+            )
+        if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature < math.inf):
+            raise ValueError(
+                f"`temperature` must be a finite number > 0 (TRL divides the logits by it; use a small value such as "
+                f"0.1 for near-greedy sampling); got {self.temperature!r}."
+            )
+        for name in ("num_iterations", "steps_per_generation", "max_completion_length"):
+            value = getattr(self, name)
+            if name == "max_completion_length" and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an integer >= 1; got {value!r}.")
+        if self.reward_weights is not None and not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in self.reward_weights
+        ):
+            raise ValueError(
+                f"`reward_weights` must be finite numbers, one per reward function; got {self.reward_weights!r}."
+            )
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ValueError(
+                f"`scale_rewards` must be 'group', 'batch' or 'none' (the paper's: advantage = reward − group mean); "
+                f"got {self.scale_rewards!r}."
+            )
+        if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
+            raise ValueError(
+                "`multi_objective_aggregation` must be 'sum_then_normalize' or 'normalize_then_sum'; got "
+                f"{self.multi_objective_aggregation!r}."
+            )
+        if not (isinstance(self.top_entropy_quantile, (int, float)) and 0.0 < self.top_entropy_quantile <= 1.0):
+            raise ValueError(
+                f"`top_entropy_quantile` must be in (0, 1] (the fraction of highest-entropy tokens that get a "
+                f"gradient; 1.0 keeps all); got {self.top_entropy_quantile!r}."
+            )
+        if not (isinstance(self.entropy_coef, (int, float)) and math.isfinite(self.entropy_coef)):
+            raise ValueError(f"`entropy_coef` must be a finite number; got {self.entropy_coef!r}.")
+        delta_kl = self.off_policy_mask_threshold
+        if delta_kl is not None and not (isinstance(delta_kl, (int, float)) and 0.0 <= delta_kl < math.inf):
+            raise ValueError(
+                f"`off_policy_mask_threshold` (a KL bound) must be a finite number >= 0 or None; got {delta_kl!r}."
+            )
+        if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
+            raise ValueError(f"`top_p` must be in (0, 1] (1.0 disables nucleus sampling); got {self.top_p!r}.")

@@ -88,11 +88,31 @@ def validate_rpg_hyperparameters(
     aggregation: str,
     importance_sampling_level: str = "token",
     kl_importance_weight: bool = True,
+    names: dict[str, str] | None = None,
 ) -> None:
     """Raise a `ValueError` naming the argument and the allowed values for any invalid RPG hyperparameter.
 
-    Shared by [`rpg_loss`] (checked at each call) and [`RPGConfig`] (checked at construction).
+    Shared by [`rpg_loss`] (checked at each call) and [`RPGConfig`] (checked at construction), which passes `names`
+    to report its own field names (e.g. `{"clip": "rpg_clip", "epsilon_low": "epsilon"}`).
     """
+    try:
+        _validate(
+            divergence, estimator, beta, clip, epsilon_low, epsilon_high, clip_c, aggregation,
+            importance_sampling_level, kl_importance_weight,
+        )
+    except ValueError as error:
+        message = str(error)
+        for name, field_name in (names or {}).items():
+            message = message.replace(f"`{name}`", f"`{field_name}`")
+            if "_" in name:  # a distinctive identifier also appears bare in formulas, e.g. "1 - epsilon_low"
+                message = message.replace(name, field_name)
+        raise ValueError(message) from None
+
+
+def _validate(
+    divergence, estimator, beta, clip, epsilon_low, epsilon_high, clip_c, aggregation, importance_sampling_level,
+    kl_importance_weight,
+) -> None:
     _check_choice("divergence", divergence, DIVERGENCES)
     _check_choice("estimator", estimator, ESTIMATORS)
     _check_choice("aggregation", aggregation, AGGREGATIONS)

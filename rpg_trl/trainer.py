@@ -57,13 +57,21 @@ class RPGTrainer(GRPOTrainer):
         # policy as KL anchor RPG needs none, so the parent is built as if beta were 0.
         if args.kl_anchor == "sampling":
             args.beta = 0.0
+        # `sync_ref_model` is served by RPG's RefModelSyncCallback (installed below, PEFT included), not by TRL's.
+        sync_ref_model, args.sync_ref_model = args.sync_ref_model, False
         try:
             super().__init__(model, reward_funcs, args=args, **kwargs)
         finally:
             args.beta = rpg_beta
+            args.sync_ref_model = sync_ref_model
         #: KL coefficient of the RPG loss (`self.beta` keeps the parent's meaning: "reference log-probs needed").
         self.rpg_beta = rpg_beta
         self._tag_names = [*self._tag_names, PAPER_NAMES[(args.divergence, args.estimator)].lower()]
+        from .callbacks import RefModelSyncCallback
+
+        #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
+        self.ref_sync_callback = RefModelSyncCallback.install(self)
+        self._check_datasets()  # a clear error now for a dataset without prompts, not a KeyError mid-training
 
     def _compute_loss(self, model, inputs):
         args: RPGConfig = self.args
@@ -175,6 +183,7 @@ class RPGTrainer(GRPOTrainer):
         entropy_sum = (entropies.detach().to(torch.float32) * fmask).sum()
         totals = torch.stack([*(local[k] * count for k in means), entropy_sum, count])
         totals = self.accelerator.reduce(totals, reduction="sum")
+        self._observe_reference_kl(mode, totals[0], totals[-1])
         global_count = totals[-1].clamp(min=1.0)
         for i, key in enumerate(means):
             self._metrics[mode][key].append((totals[i] / global_count).item())
@@ -183,3 +192,83 @@ class RPGTrainer(GRPOTrainer):
         w_min = self.accelerator.gather(local["importance_weight/min"].reshape(1))
         self._metrics[mode]["importance_weight/max"].append(nanmax(w_max).item())
         self._metrics[mode]["importance_weight/min"].append(nanmin(w_min).item())
+
+    def _observe_reference_kl(self, mode, kl_sum, num_tokens):
+        """Hand a training micro-batch's token KL to π_ref (summed over tokens and processes) to the reference sync."""
+        if mode == "train" and self.ref_sync_callback is not None:
+            self.ref_sync_callback.observe_kl(kl_sum, num_tokens)
+
+    def _save_checkpoint(self, model, trial):
+        # A synced reference is training state: it goes into the checkpoint with the optimizer.
+        if self.ref_sync_callback is not None:
+            self.ref_sync_callback.save_checkpoint(self, trial)
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        # Called once when resuming, on every backend, after the models are wrapped: restore the synced reference too.
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None and self.ref_sync_callback is not None:
+            self.ref_sync_callback.load_checkpoint(self, checkpoint)
+
+    # DAPO dynamic sampling (`RPGConfig.dynamic_sampling`; `rpg_trl.dynamic_sampling.DynamicSamplingMixin` gives the
+    # same two overrides to other GRPOTrainer subclasses).
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = self._calculate_rewards_guarded(inputs, prompts, completions, completion_ids_list)
+        self._dynamic_sampling_rewards = rewards_per_func  # gathered over processes; read by dynamic sampling
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        if self.args.dynamic_sampling and self.model.training:
+            from .dynamic_sampling import generate_with_dynamic_sampling
+
+            return generate_with_dynamic_sampling(self, super()._generate_and_score_completions, inputs)
+        return super()._generate_and_score_completions(inputs)
+
+    # Reliability: exact resume, guarded rewards, warnings on diverged policies and over-long prompts
+    # (`rpg_trl.resume`, `rpg_trl.safety`; tests/test_reliability.py).
+    def _save_rng_state(self, output_dir):
+        # The buffered generation batch and the micro-step counter are sampling state, like the RNG: saved with it.
+        super()._save_rng_state(output_dir)
+        from .resume import save_generation_state
+
+        save_generation_state(self, output_dir)
+
+    def _load_rng_state(self, checkpoint):
+        super()._load_rng_state(checkpoint)
+        from .resume import load_generation_state
+
+        load_generation_state(self, checkpoint)
+
+    def _calculate_rewards_guarded(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's `_calculate_rewards` with each reward function guarded by [`rpg_trl.safety.RewardGuard`]: non-finite
+        rewards count as `None` (with a warning), and a failing function is named with the sample it fails on."""
+        from .safety import RewardGuard
+
+        guard = self.__dict__.setdefault("_reward_guard", RewardGuard())
+        with guard.installed(self):
+            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        from .safety import check_sequence_length
+
+        check_sequence_length(self, inputs)
+        return inputs
+
+    def log(self, logs, start_time=None):
+        if self.model.training:  # warn (rate-limited) when the importance weights of this logging interval exploded
+            from .safety import ImportanceWeightMonitor
+
+            monitor = self.__dict__.setdefault(
+                "_importance_weight_monitor", ImportanceWeightMonitor(self.args.importance_weight_warning_threshold)
+            )
+            monitor.check_logged(self._metrics["train"], self.state.global_step)
+        super().log(logs, start_time)
+
+    def _check_datasets(self):
+        """Refuse training/evaluation datasets without a `prompt` column (unless an environment supplies prompts)."""
+        from .safety import check_prompt_column
+
+        if getattr(self, "environment_factories", None) is None:
+            check_prompt_column(self.train_dataset, "training")
+            check_prompt_column(self.eval_dataset, "evaluation")

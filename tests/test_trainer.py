@@ -215,7 +215,7 @@ def test_paper_defaults():
         (dict(divergence="js"), "divergence"),
         (dict(estimator="ppo"), "estimator"),
         (dict(clip_c=1.0), "clip_c"),
-        (dict(epsilon=-0.1), "epsilon_low"),
+        (dict(epsilon=-0.1), "`epsilon`"),
         (dict(beta=-1.0), "beta"),
         (dict(kl_anchor="initial"), "kl_anchor"),
         (dict(kl_anchor="reference", beta=0.0), "kl_anchor"),

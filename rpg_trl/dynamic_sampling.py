@@ -1,0 +1,344 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+r"""DAPO dynamic sampling (Yu et al., 2025), used by the paper's runs (Sec. 5; RPG_SPEC §6).
+
+A group (the `num_generations` completions of one prompt) whose rewards are all equal (accuracy all 0 or all 1) has a
+zero advantage for every completion: it gives no reward gradient and only dilutes the batch. Dynamic sampling drops
+such groups and generates completions for new prompts until every process holds a full generation batch of groups
+with signal, for at most `dynamic_sampling_max_rounds` generation rounds; when the bound is hit the batch is filled
+with the zero-variance groups generated so far (advantage 0: they only carry the KL term).
+
+How it fits TRL's [`~trl.GRPOTrainer`] (RPG_SPEC §7):
+
+- TRL gives each process a local generation batch of `per_device_train_batch_size * steps_per_generation` rows, in
+  which every prompt is repeated `num_generations` times consecutively (its `RepeatSampler`). When that local size is a
+  multiple of `num_generations` (checked by [`~rpg_trl.RPGConfig`]) every group lives on one process, so groups are
+  kept or dropped whole, on the process that generated them, without moving tensors between processes.
+- Rewards are gathered across processes inside TRL (`_calculate_rewards`), so every process knows the signal of every
+  group and takes the same decisions (how many rounds, how many prompts per round).
+- Extra prompts are drawn by index from the training dataset with a random generator seeded by (seed, step, round),
+  identical on every process and reproducible on resume; each process takes its own slice. An extra round draws as
+  many prompts as the observed keep rate predicts are still missing on the neediest process, at most a full batch.
+- Advantages are TRL's, computed per generation round: with `scale_rewards="group"` or `"none"` (the paper's) they
+  are per-group quantities and do not depend on the round; with `"batch"` the std is that of the round's batch.
+- TRL's reward metrics (`reward`, `frac_reward_zero_std`, the completions table) describe every generated sample,
+  before filtering, like DAPO's logs. Dynamic sampling adds `dynamic_sampling/rounds` (generation rounds for this
+  batch), `dynamic_sampling/kept_fraction` (fraction of generated groups with signal) and
+  `dynamic_sampling/filled_fraction` (fraction of the batch filled with zero-variance groups; 0 unless the bound
+  was hit).
+
+The functions below are pure (tensors and dicts in, tensors and dicts out) and are tested without a trainer;
+[`generate_with_dynamic_sampling`] runs the loop for a trainer, [`~rpg_trl.RPGTrainer`] calls it when
+`dynamic_sampling=True`, and [`DynamicSamplingMixin`] adds it to any other `GRPOTrainer` subclass (e.g. TRL's own GRPO
+and DAPO losses, for the baselines of `examples/rpg_math.py`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from trl.trainer.utils import pad
+
+
+#: Keys of TRL's scored batch that are left-padded (prompts); every other 2-D entry is right-padded (completions).
+LEFT_PADDED_KEYS = ("prompt_ids", "prompt_mask")
+#: Keys whose first dimension is not the sample (images, patches): dynamic sampling supports text-only batches.
+MULTIMODAL_KEYS = (
+    "pixel_values",
+    "image_grid_thw",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+    "num_images",
+    "num_tiles",
+)
+
+
+def groups_with_signal(rewards: torch.Tensor, num_generations: int, atol: float = 1e-6) -> torch.Tensor:
+    """
+    Which groups have a non-zero reward variance (DAPO's group filter).
+
+    Args:
+        rewards (`torch.Tensor`):
+            Shape `(num_groups * num_generations,)`: one reward per completion, the completions of a group consecutive.
+            NaN (unscorable completion) is ignored.
+        num_generations (`int`):
+            Completions per group (G).
+        atol (`float`, *optional*, defaults to `1e-6`):
+            Rewards closer than this count as equal.
+
+    Returns:
+        `torch.BoolTensor` of shape `(num_groups,)`: `True` where the finite rewards of the group are not all equal.
+        A group with fewer than two finite rewards has no signal.
+    """
+    if rewards.dim() != 1 or rewards.numel() % num_generations != 0:
+        raise ValueError(
+            f"`rewards` must be 1-D with a length divisible by num_generations={num_generations}; got shape "
+            f"{tuple(rewards.shape)}."
+        )
+    groups = rewards.detach().to(device="cpu", dtype=torch.float64).view(-1, num_generations)
+    finite = torch.isfinite(groups)
+    highest = torch.where(finite, groups, -math.inf).amax(dim=1)
+    lowest = torch.where(finite, groups, math.inf).amin(dim=1)
+    return (highest - lowest) > atol  # -inf for a group without finite reward
+
+
+def choose_groups(signals: Sequence[torch.Tensor], num_groups: int) -> tuple[list[list[int]], int]:
+    """
+    Picks `num_groups` groups from a process's generation rounds: groups with signal first (earliest round first),
+    then, only if there are not enough, zero-variance groups (the best available, advantage 0).
+
+    Args:
+        signals (`Sequence[torch.Tensor]`):
+            One boolean tensor per round, shape `(groups in that round,)`, from [`groups_with_signal`].
+        num_groups (`int`):
+            Groups the batch must hold.
+
+    Returns:
+        `tuple[list[list[int]], int]`: For each round, the indices of the chosen groups (ascending), and how many of
+        the chosen groups are zero-variance fillers.
+    """
+    available = sum(s.numel() for s in signals)
+    if available < num_groups:
+        raise ValueError(f"Only {available} groups were generated but the batch needs {num_groups}.")
+    picks: list[list[int]] = [[] for _ in signals]
+    taken = 0
+    for want_signal in (True, False):
+        if not want_signal:
+            fillers = num_groups - taken
+        for round_picks, signal in zip(picks, signals):
+            candidates = torch.nonzero(signal.cpu() == want_signal).flatten().tolist()
+            take = candidates[: num_groups - taken]
+            round_picks.extend(take)
+            taken += len(take)
+    return [sorted(p) for p in picks], fillers
+
+
+def groups_to_draw(missing: int, kept_fraction: float, full: int) -> int:
+    """
+    Groups per process to generate in the next round: enough to replace `missing` groups at the keep rate observed so
+    far (`ceil(missing / kept_fraction)`), at least 1 and at most `full` (a full generation batch).
+    """
+    if missing <= 0:
+        return 0
+    if kept_fraction <= 0:
+        return full
+    return max(1, min(full, math.ceil(missing / kept_fraction)))
+
+
+def draw_prompt_indices(
+    dataset_size: int, groups_per_process: int, num_processes: int, process_index: int, seed: Sequence[int]
+) -> list[int]:
+    """
+    Dataset indices of the prompts a process generates for in an extra round.
+
+    The draw (without replacement unless the dataset is smaller than the round) depends only on `seed`, so every
+    process computes the same global draw and takes its own slice: processes get different prompts, and a resumed run
+    draws the same prompts again.
+    """
+    if dataset_size < 1:
+        raise ValueError("Dynamic sampling needs a non-empty training dataset to draw replacement prompts from.")
+    total = groups_per_process * num_processes
+    rng = np.random.default_rng([int(s) for s in seed])
+    indices = rng.choice(dataset_size, size=total, replace=total > dataset_size)
+    return indices[process_index * groups_per_process : (process_index + 1) * groups_per_process].tolist()
+
+
+def select_groups(batch: dict, groups: Sequence[int], num_generations: int) -> dict:
+    """
+    The rows of `groups` (whole groups, in the given order) of a scored batch from `_generate_and_score_completions`.
+
+    Per-sample entries (tensors whose first dimension is the number of rows, and lists of that length) are indexed;
+    0-d tensors are batch totals (e.g. `num_items_in_batch`) that no longer apply to the selection, and are dropped:
+    recompute them. `None` entries stay `None`. Multimodal entries are not supported.
+    """
+    unsupported = sorted(k for k in batch if k in MULTIMODAL_KEYS)
+    if unsupported:
+        raise ValueError(f"Dynamic sampling supports text-only batches; this batch has {unsupported}.")
+    num_rows = len(batch["completion_ids"])
+    if groups and not 0 <= min(groups) <= max(groups) < num_rows // num_generations:
+        raise IndexError(
+            f"Groups {list(groups)} are out of range for a batch of {num_rows // num_generations} groups."
+        )
+    rows = [g * num_generations + j for g in groups for j in range(num_generations)]
+    selected = {}
+    for key, value in batch.items():
+        if value is None:
+            selected[key] = None
+        elif isinstance(value, torch.Tensor) and value.dim() == 0:
+            continue
+        elif len(value) != num_rows:
+            raise ValueError(f"Entry {key!r} has {len(value)} rows; expected {num_rows} (one per completion).")
+        elif isinstance(value, torch.Tensor):
+            selected[key] = value[torch.tensor(rows, dtype=torch.long, device=value.device)]
+        else:
+            selected[key] = [value[i] for i in rows]
+    return selected
+
+
+def concat_batches(batches: Sequence[dict], pad_token_id: int) -> dict:
+    """
+    Concatenates scored batches row-wise, padding 2-D entries to the widest one: prompts on the left (`prompt_ids`
+    with `pad_token_id`, `prompt_mask` with 0), completion-side entries on the right (`completion_ids` with
+    `pad_token_id`, `tool_mask` with 1, everything else with 0; padded positions are masked out).
+    """
+    if not batches:
+        raise ValueError("Nothing to concatenate.")
+    keys = list(batches[0])
+    for batch in batches[1:]:
+        if set(batch) != set(keys):
+            raise ValueError(f"Batches have different entries: {sorted(keys)} vs {sorted(batch)}.")
+    merged = {}
+    for key in keys:
+        values = [batch[key] for batch in batches]
+        if all(v is None for v in values):
+            merged[key] = None
+        elif any(v is None for v in values):
+            raise ValueError(f"Entry {key!r} is None in some batches only.")
+        elif not isinstance(values[0], torch.Tensor):
+            merged[key] = [item for v in values for item in v]
+        elif values[0].dim() <= 1 or len({v.shape[1:] for v in values}) == 1:
+            merged[key] = torch.cat(values, dim=0)
+        else:
+            if key.endswith("_ids"):
+                padding_value = pad_token_id
+            elif key == "tool_mask":
+                padding_value = 1
+            else:
+                padding_value = 0
+            side = "left" if key in LEFT_PADDED_KEYS else "right"
+            merged[key] = pad([row for v in values for row in v], padding_value=padding_value, padding_side=side)
+    return merged
+
+
+def num_loss_tokens(batch: dict) -> torch.Tensor:
+    """Local number of completion tokens that enter the loss (TRL's `num_items_in_batch` before the gather)."""
+    mask = batch["completion_mask"]
+    if batch.get("tool_mask") is not None:
+        mask = mask * batch["tool_mask"]
+    return mask.sum()
+
+
+def _signal_rewards(trainer, metric: str | None) -> torch.Tensor:
+    """The per-completion rewards (gathered over processes) that decide which groups have signal."""
+    rewards_per_func = trainer._dynamic_sampling_rewards
+    if metric is None:
+        weights = trainer.reward_weights.to(rewards_per_func.device)
+        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
+        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+        return rewards
+    if metric not in trainer.reward_func_names:
+        raise ValueError(
+            f"`dynamic_sampling_metric={metric!r}` is not one of the reward functions {trainer.reward_func_names}. "
+            "Use one of these names (e.g. 'accuracy_reward', the paper's filter) or None for the weighted sum."
+        )
+    return rewards_per_func[:, trainer.reward_func_names.index(metric)]
+
+
+def _draw_extra_inputs(trainer, groups_per_process: int, round_index: int) -> list:
+    """Local inputs for an extra round: `groups_per_process` prompts from the training set, each repeated G times."""
+    import datasets
+
+    dataset = trainer.train_dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset | datasets.IterableDataset):
+        raise ValueError(
+            "Dynamic sampling draws replacement prompts by index and needs a map-style training dataset; got an "
+            "iterable dataset. Load it without `streaming=True`, or set `dynamic_sampling=False`."
+        )
+    if isinstance(dataset, datasets.Dataset):
+        dataset = trainer._remove_unused_columns(dataset, description="training")
+        collate = trainer.data_collator
+    else:
+        collate = trainer._get_collator_with_removed_columns(trainer.data_collator, description="training")
+    accelerator = trainer.accelerator
+    seed = (trainer.args.seed, trainer.state.global_step, trainer._step, round_index)
+    indices = draw_prompt_indices(
+        len(dataset), groups_per_process, accelerator.num_processes, accelerator.process_index, seed
+    )
+    return collate([dataset[i] for i in indices for _ in range(trainer.num_generations)])
+
+
+def generate_with_dynamic_sampling(trainer, generate_round: Callable[[list], dict], inputs: list) -> dict:
+    """
+    DAPO dynamic sampling around one call of a GRPO trainer's `_generate_and_score_completions` (see the module
+    docstring).
+
+    Args:
+        trainer ([`~trl.GRPOTrainer`]):
+            A trainer whose `_calculate_rewards` stores its gathered rewards in `trainer._dynamic_sampling_rewards`
+            (see [`DynamicSamplingMixin`]) and whose `args` has `dynamic_sampling_max_rounds` and
+            `dynamic_sampling_metric`.
+        generate_round (`Callable[[list], dict]`):
+            The parent's `_generate_and_score_completions`: local inputs in, scored local batch out.
+        inputs (`list`):
+            The local generation batch from the training dataloader.
+
+    Returns:
+        `dict`: A scored local batch of `len(inputs)` rows (the same entries as `generate_round`'s), made of whole
+        groups, with `num_items_in_batch` recomputed for it.
+    """
+    args = trainer.args
+    num_generations = trainer.num_generations
+    if len(inputs) % num_generations != 0:
+        raise ValueError(
+            f"The local generation batch has {len(inputs)} rows, not a multiple of num_generations={num_generations}: "
+            "groups would straddle processes. Make per_device_train_batch_size * steps_per_generation a multiple of "
+            "num_generations."
+        )
+    accelerator = trainer.accelerator
+    num_processes, process_index = accelerator.num_processes, accelerator.process_index
+    groups_needed = len(inputs) // num_generations
+
+    outputs, local_signals = [], []
+    kept_per_process = torch.zeros(num_processes, dtype=torch.long)
+    generated = 0
+    round_inputs = inputs
+    for round_index in range(1, args.dynamic_sampling_max_rounds + 1):
+        outputs.append(generate_round(round_inputs))
+        # Gathered over processes in process order, so every process sees the same (P, groups per process) table.
+        signal = groups_with_signal(_signal_rewards(trainer, args.dynamic_sampling_metric), num_generations)
+        signal = signal.view(num_processes, -1).cpu()
+        local_signals.append(signal[process_index])
+        kept_per_process += signal.sum(dim=1)
+        generated += signal.numel()
+        missing = int((groups_needed - kept_per_process).clamp(min=0).max())
+        if missing == 0 or round_index == args.dynamic_sampling_max_rounds:
+            break
+        kept_fraction = kept_per_process.sum().item() / generated
+        round_inputs = _draw_extra_inputs(trainer, groups_to_draw(missing, kept_fraction, groups_needed), round_index)
+
+    picks, _ = choose_groups(local_signals, groups_needed)
+    pieces = [select_groups(out, p, num_generations) for out, p in zip(outputs, picks) if p]
+    batch = concat_batches(pieces, trainer._tokenizer.pad_token_id)
+    batch["num_items_in_batch"] = accelerator.gather(num_loss_tokens(batch)).sum()
+
+    fillers = (groups_needed - kept_per_process).clamp(min=0).sum().item()
+    metrics = trainer._metrics["train"]
+    metrics["dynamic_sampling/rounds"].append(float(len(outputs)))
+    metrics["dynamic_sampling/kept_fraction"].append(kept_per_process.sum().item() / generated)
+    metrics["dynamic_sampling/filled_fraction"].append(fillers / (groups_needed * num_processes))
+    return batch
+
+
+class DynamicSamplingMixin:
+    """
+    Adds DAPO dynamic sampling to a [`~trl.GRPOTrainer`] subclass, e.g. `class DAPOTrainer(DynamicSamplingMixin,
+    GRPOTrainer)`. Its `args` must carry [`~rpg_trl.RPGConfig`]'s `dynamic_sampling`, `dynamic_sampling_max_rounds` and
+    `dynamic_sampling_metric` (a plain `GRPOConfig` has none of them: sampling is then TRL's). [`~rpg_trl.RPGTrainer`]
+    has the same two overrides built in.
+    """
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._dynamic_sampling_rewards = rewards_per_func  # gathered over processes; read by dynamic sampling
+        return rewards_per_func
+
+    def _generate_and_score_completions(self, inputs):
+        if getattr(self.args, "dynamic_sampling", False) and self.model.training:
+            return generate_with_dynamic_sampling(self, super()._generate_and_score_completions, inputs)
+        return super()._generate_and_score_completions(inputs)

@@ -1,0 +1,353 @@
+"""Tests of DAPO dynamic sampling (`rpg_trl.dynamic_sampling`): pure functions on hand-made batches, the sampling loop
+with a simulated trainer (one and two processes), and a tiny end-to-end training run (CPU, no hub)."""
+
+import math
+from collections import defaultdict
+from types import SimpleNamespace
+from unittest.mock import PropertyMock, patch
+
+import pytest
+import torch
+from datasets import Dataset
+
+from rpg_trl import RPGConfig, RPGTrainer
+from rpg_trl.dynamic_sampling import (
+    choose_groups,
+    concat_batches,
+    draw_prompt_indices,
+    generate_with_dynamic_sampling,
+    groups_to_draw,
+    groups_with_signal,
+    num_loss_tokens,
+    select_groups,
+)
+from rpg_trl.tiny import build_char_tokenizer
+
+
+NAN = float("nan")
+
+
+# ---------------------------------------------------------------------------------------------------------- pure parts
+def test_groups_with_signal_flags_exactly_the_groups_with_unequal_rewards():
+    rewards = torch.tensor(
+        [
+            [0.0, 0.0, 0.0, 0.0],  # all wrong: no signal
+            [1.0, 0.0, 1.0, 1.0],  # signal
+            [1.0, 1.0, 1.0, 1.0],  # all right: no signal
+            [NAN, 1.0, NAN, NAN],  # one scorable completion: no signal
+            [NAN, 0.0, 1.0, NAN],  # two scorable completions that differ: signal
+            [0.5, 0.5 + 1e-9, 0.5, 0.5],  # equal up to atol: no signal
+            [NAN, NAN, NAN, NAN],  # nothing scorable: no signal
+            [-0.25, -0.5, -0.25, -0.25],  # overlong penalties that differ: signal
+        ]
+    ).flatten()
+    assert groups_with_signal(rewards, 4).tolist() == [False, True, False, False, True, False, False, True]
+    with pytest.raises(ValueError, match="divisible by num_generations=3"):
+        groups_with_signal(rewards, 3)
+
+
+def test_choose_groups_prefers_signal_then_fills_with_zero_variance_groups():
+    signals = [torch.tensor([False, True, False, True]), torch.tensor([True, True, False, False])]
+    assert choose_groups(signals, 3) == ([[1, 3], [0]], 0)
+    assert choose_groups(signals, 4) == ([[1, 3], [0, 1]], 0)
+    # Only 4 groups with signal: the 5th and 6th are the earliest zero-variance groups.
+    assert choose_groups(signals, 6) == ([[0, 1, 2, 3], [0, 1]], 2)
+    assert choose_groups([torch.tensor([False, False])], 2) == ([[0, 1]], 2)
+    with pytest.raises(ValueError, match="Only 2 groups"):
+        choose_groups([torch.tensor([True, True])], 3)
+
+
+@pytest.mark.parametrize(
+    "missing, kept_fraction, full, expected",
+    [(0, 0.5, 8, 0), (3, 0.5, 8, 6), (3, 0.0, 8, 8), (10, 0.5, 8, 8), (1, 1.0, 8, 1), (1, 0.9, 8, 2), (2, 0.7, 8, 3)],
+)
+def test_groups_to_draw(missing, kept_fraction, full, expected):
+    assert groups_to_draw(missing, kept_fraction, full) == expected
+
+
+def test_draw_prompt_indices_is_one_global_draw_sliced_per_process():
+    draws = [draw_prompt_indices(100, 5, 3, p, seed=(0, 7, 1)) for p in range(3)]
+    flat = [i for d in draws for i in d]
+    assert all(len(d) == 5 for d in draws)
+    assert len(set(flat)) == 15  # without replacement when the dataset is large enough
+    assert draws[1] == draw_prompt_indices(100, 5, 3, 1, seed=(0, 7, 1))  # reproducible (resume)
+    assert flat != [i for p in range(3) for i in draw_prompt_indices(100, 5, 3, p, seed=(0, 7, 2))]
+    small = draw_prompt_indices(4, 5, 2, 0, seed=(1,))
+    assert len(small) == 5 and all(0 <= i < 4 for i in small)  # with replacement when it is not
+
+
+def _scored_batch(prompt_lens, completion_lens, advantages, pad_id=0, start=1):
+    """A hand-made scored batch in TRL's layout: left-padded prompts, right-padded completions."""
+    rows = len(prompt_lens)
+    width_p, width_c = max(prompt_lens), max(completion_lens)
+    prompt_ids = torch.full((rows, width_p), pad_id)
+    prompt_mask = torch.zeros(rows, width_p, dtype=torch.long)
+    completion_ids = torch.full((rows, width_c), pad_id)
+    completion_mask = torch.zeros(rows, width_c, dtype=torch.long)
+    logps = torch.zeros(rows, width_c)
+    for i, (lp, lc) in enumerate(zip(prompt_lens, completion_lens)):
+        prompt_ids[i, width_p - lp :] = start + i
+        prompt_mask[i, width_p - lp :] = 1
+        completion_ids[i, :lc] = start + i
+        completion_mask[i, :lc] = 1
+        logps[i, :lc] = -(start + i)
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "old_per_token_logps": logps,
+        "advantages": torch.tensor(advantages, dtype=torch.float32),
+        "ref_per_token_logps": None,
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def test_select_groups_keeps_whole_groups_and_drops_batch_totals():
+    batch = _scored_batch([2, 3, 1, 2, 3, 3], [1, 2, 3, 1, 2, 2], [0.5, -0.5, 0.0, 0.0, 1.0, -1.0])
+    batch["tags"] = list("abcdef")
+    out = select_groups(batch, [0, 2], num_generations=2)
+    assert out["tags"] == ["a", "b", "e", "f"]
+    assert out["advantages"].tolist() == [0.5, -0.5, 1.0, -1.0]
+    assert torch.equal(out["completion_ids"], batch["completion_ids"][[0, 1, 4, 5]])
+    assert "num_items_in_batch" not in out and out["ref_per_token_logps"] is None
+    with pytest.raises(IndexError):
+        select_groups(batch, [3], num_generations=2)
+    with pytest.raises(ValueError, match="text-only"):
+        select_groups({**batch, "pixel_values": torch.zeros(5, 3)}, [0], num_generations=2)
+
+
+def test_concat_batches_pads_prompts_left_and_completions_right():
+    a = _scored_batch([2, 1], [1, 2], [1.0, -1.0], pad_id=9, start=1)  # prompt width 2, completion width 2
+    b = _scored_batch([3, 3], [4, 1], [0.5, -0.5], pad_id=9, start=5)  # prompt width 3, completion width 4
+    a.pop("num_items_in_batch"), b.pop("num_items_in_batch")
+    a["tool_mask"], b["tool_mask"] = torch.ones(2, 2, dtype=torch.long), torch.ones(2, 4, dtype=torch.long)
+    out = concat_batches([a, b], pad_token_id=9)
+    assert out["prompt_ids"].tolist() == [[9, 1, 1], [9, 9, 2], [5, 5, 5], [6, 6, 6]]
+    assert out["prompt_mask"].tolist() == [[0, 1, 1], [0, 0, 1], [1, 1, 1], [1, 1, 1]]
+    assert out["completion_ids"].tolist() == [[1, 9, 9, 9], [2, 2, 9, 9], [5, 5, 5, 5], [6, 9, 9, 9]]
+    assert out["completion_mask"].tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert out["old_per_token_logps"].tolist() == [[-1, 0, 0, 0], [-2, -2, 0, 0], [-5] * 4, [-6, 0, 0, 0]]
+    assert out["tool_mask"][:2, 2:].tolist() == [[1, 1], [1, 1]]
+    assert out["advantages"].tolist() == [1.0, -1.0, 0.5, -0.5]
+    assert out["ref_per_token_logps"] is None
+    assert num_loss_tokens(out).item() == 1 + 2 + 4 + 1
+    with pytest.raises(ValueError, match="different entries"):
+        concat_batches([a, {k: v for k, v in b.items() if k != "tool_mask"}], pad_token_id=9)
+
+
+# ------------------------------------------------------------------------------------- the loop, simulated processes
+class _FakeAccelerator:
+    def __init__(self, num_processes, process_index):
+        self.num_processes, self.process_index = num_processes, process_index
+
+    def gather(self, tensor):  # every simulated process contributes the same token count
+        return tensor.reshape(1).repeat(self.num_processes)
+
+
+def _fake_trainer(num_processes, process_index, max_rounds, dataset_size=50, num_generations=2):
+    args = SimpleNamespace(
+        dynamic_sampling=True, dynamic_sampling_max_rounds=max_rounds, dynamic_sampling_metric=None, seed=3
+    )
+    return SimpleNamespace(
+        args=args,
+        num_generations=num_generations,
+        accelerator=_FakeAccelerator(num_processes, process_index),
+        _metrics={"train": defaultdict(list)},
+        _tokenizer=SimpleNamespace(pad_token_id=0),
+        train_dataset=Dataset.from_dict({"prompt": [f"p{i}" for i in range(dataset_size)]}),
+        _remove_unused_columns=lambda dataset, description: dataset,
+        data_collator=lambda rows: rows,
+        state=SimpleNamespace(global_step=4),
+        _step=8,
+        reward_weights=torch.ones(1),
+        reward_func_names=["acc"],
+    )
+
+
+def _signal(prompt):
+    """Deterministic 'has signal' per prompt: a third of the prompts have all-equal rewards."""
+    return int(prompt[1:]) % 3 != 0
+
+
+def _simulated_generate_round(trainer, all_inputs_of_round):
+    """`_generate_and_score_completions` of one simulated process: scores the round's global inputs (all processes'
+    rows, in process order) so that the gathered rewards are the same on every process, returns the local rows."""
+
+    def generate_round(local_inputs):
+        global_inputs = all_inputs_of_round(local_inputs)
+        rewards = []
+        for row in global_inputs[:: trainer.num_generations]:
+            rewards += [1.0, 0.0] if _signal(row["prompt"]) else [1.0, 1.0]
+        trainer._dynamic_sampling_rewards = torch.tensor(rewards).unsqueeze(1)
+        n = len(local_inputs)
+        batch = _scored_batch([1] * n, [1 + i % 3 for i in range(n)], [0.0] * n)
+        batch["prompt"] = [row["prompt"] for row in local_inputs]
+        return batch
+
+    return generate_round
+
+
+def _run_simulated(num_processes, max_rounds, first_round):
+    """Runs the loop on every simulated process; the global inputs of round k are rebuilt from each process's draw."""
+    G, groups_per_process = 2, len(first_round[0]) // 2
+    results = []
+    for p in range(num_processes):
+        trainer = _fake_trainer(num_processes, p, max_rounds)
+        trainer.extra_rounds = 0
+
+        def all_inputs_of_round(local_inputs, trainer=trainer):
+            if local_inputs is first_round[trainer.accelerator.process_index]:
+                return [row for rows in first_round for row in rows]
+            # An extra round: every process drew its slice of the same global draw; rebuild it.
+            trainer.extra_rounds += 1
+            seed = (trainer.args.seed, trainer.state.global_step, trainer._step, trainer.extra_rounds)
+            n = len(local_inputs) // G
+            return [
+                {"prompt": f"p{i}"}
+                for q in range(num_processes)
+                for i in draw_prompt_indices(50, n, num_processes, q, seed)
+                for _ in range(G)
+            ]
+
+        batch = generate_with_dynamic_sampling(
+            trainer, _simulated_generate_round(trainer, all_inputs_of_round), first_round[p]
+        )
+        results.append((batch, dict(trainer._metrics["train"])))
+    assert all(len(batch["prompt"]) == groups_per_process * G for batch, _ in results)
+    return results
+
+
+def _rows(prompts, G=2):
+    return [{"prompt": p} for p in prompts for _ in range(G)]
+
+
+@pytest.mark.parametrize("num_processes", [1, 2])
+def test_loop_replaces_exactly_the_zero_variance_groups(num_processes):
+    # 4 groups per process; p0, p3, p6, p9 have no signal.
+    first = [_rows([f"p{i}" for i in range(4 * q, 4 * q + 4)]) for q in range(num_processes)]
+    results = _run_simulated(num_processes, max_rounds=20, first_round=first)
+    for p, (batch, metrics) in enumerate(results):
+        prompts = batch["prompt"][::2]
+        assert all(_signal(x) for x in prompts), prompts  # every kept group has signal
+        assert batch["prompt"][::2] == batch["prompt"][1::2]  # groups stay intact
+        kept_first = [r["prompt"] for r in first[p][::2] if _signal(r["prompt"])]
+        assert prompts[: len(kept_first)] == kept_first  # the first round's signal groups are all kept
+        assert batch["num_items_in_batch"].item() == num_processes * batch["completion_mask"].sum().item()
+        assert metrics["dynamic_sampling/rounds"][0] >= 2
+        assert metrics["dynamic_sampling/filled_fraction"] == [0.0]
+    # Every process took the same decisions.
+    assert len({tuple(m["dynamic_sampling/rounds"]) for _, m in results}) == 1
+    assert len({tuple(m["dynamic_sampling/kept_fraction"]) for _, m in results}) == 1
+
+
+def test_loop_fills_with_zero_variance_groups_when_the_round_bound_is_hit():
+    first = [_rows(["p0", "p1", "p3", "p6"])]  # one group with signal
+    ((batch, metrics),) = _run_simulated(1, max_rounds=1, first_round=first)
+    assert batch["prompt"][::2] == ["p0", "p1", "p3", "p6"]  # the signal group, then the fillers
+    assert metrics["dynamic_sampling/rounds"] == [1.0]
+    assert metrics["dynamic_sampling/kept_fraction"] == [0.25]
+    assert metrics["dynamic_sampling/filled_fraction"] == [0.75]
+
+
+def test_loop_needs_no_extra_round_when_every_group_has_signal():
+    ((batch, metrics),) = _run_simulated(1, max_rounds=20, first_round=[_rows(["p1", "p2", "p4", "p5"])])
+    assert batch["prompt"][::2] == ["p1", "p2", "p4", "p5"]
+    assert metrics["dynamic_sampling/rounds"] == [1.0] and metrics["dynamic_sampling/kept_fraction"] == [1.0]
+
+
+# ------------------------------------------------------------------------------------------------------------ config
+def test_config_validation():
+    common = dict(output_dir="unused", report_to="none", use_cpu=True, num_generations=4)
+    with pytest.raises(ValueError, match="dynamic_sampling_max_rounds"):
+        RPGConfig(**common, per_device_train_batch_size=4, dynamic_sampling=True, dynamic_sampling_max_rounds=0)
+    # Two processes of 2 rows: the global batch holds whole groups, the local batches do not.
+    with patch.object(RPGConfig, "world_size", new_callable=PropertyMock, return_value=2):
+        with pytest.raises(ValueError, match="multiple of num_generations"):
+            RPGConfig(**common, per_device_train_batch_size=2, dynamic_sampling=True)
+        RPGConfig(**common, per_device_train_batch_size=2, dynamic_sampling=False)  # TRL's sampling copes
+
+
+# -------------------------------------------------------------------------------------------------------- end to end
+PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
+
+
+def sevens_unless_even(completions, prompts, **kwargs):
+    """Constant (zero-variance) reward for prompts starting with an even digit, the count of '7's otherwise."""
+    return [0.0 if int(p[0]) % 2 == 0 else c.count("7") / 8 for p, c in zip(prompts, completions)]
+
+
+class RecordingRPGTrainer(RPGTrainer):
+    def _generate_and_score_completions(self, inputs):
+        batch = super()._generate_and_score_completions(inputs)
+        if self.model.training:
+            self.recorded.append(batch)
+        return batch
+
+
+def test_tiny_training_run_sees_only_groups_with_signal(tiny_model_dir, tmp_path):
+    tokenizer = build_char_tokenizer()
+    args = RPGConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        steps_per_generation=2,
+        max_completion_length=8,
+        max_steps=4,
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+        learning_rate=1e-2,
+        seed=0,
+        dynamic_sampling=True,
+        dynamic_sampling_max_rounds=8,
+    )
+    trainer = RecordingRPGTrainer(
+        tiny_model_dir, sevens_unless_even, args=args, train_dataset=PROMPTS, processing_class=tokenizer
+    )
+    trainer.recorded = []
+    trainer.train()
+
+    assert len(trainer.recorded) == 2  # one generation batch per 2 steps
+    rounds = [h["dynamic_sampling/rounds"] for h in trainer.state.log_history if "dynamic_sampling/rounds" in h]
+    kept = [
+        h["dynamic_sampling/kept_fraction"] for h in trainer.state.log_history if "dynamic_sampling/kept_fraction" in h
+    ]
+    assert rounds and max(rounds) >= 2 and min(kept) < 1.0  # even-digit prompts were dropped and replaced
+    for batch in trainer.recorded:
+        assert batch["completion_ids"].shape[0] == 16  # a full generation batch: 4 groups of 4
+        prompts = tokenizer.batch_decode(batch["prompt_ids"], skip_special_tokens=True)
+        groups = batch["advantages"].view(-1, 4)
+        for g in range(4):
+            group_prompts = set(prompts[4 * g : 4 * g + 4])
+            assert len(group_prompts) == 1  # groups stay intact
+            assert int(next(iter(group_prompts))[0]) % 2 == 1  # no constant-reward prompt survives
+            assert groups[g].abs().max() > 0  # each group carries a reward signal
+        assert batch["num_items_in_batch"].item() == batch["completion_mask"].sum().item()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+
+
+def test_unknown_metric_name_is_reported(tiny_model_dir, tmp_path):
+    args = RPGConfig(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=4,
+        max_steps=1,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        gradient_checkpointing=False,
+        dynamic_sampling=True,
+        dynamic_sampling_metric="accuracy",
+    )
+    trainer = RPGTrainer(
+        tiny_model_dir, sevens_unless_even, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
+    )
+    with pytest.raises(ValueError, match=r"'accuracy'.*sevens_unless_even"):
+        trainer.train()

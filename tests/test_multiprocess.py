@@ -1,0 +1,101 @@
+"""Two CPU processes (gloo) train exactly like one process holding the same global batch.
+
+The two-process runs (`tests/_mp_worker.py`, started once with `torch.distributed.run` for all three aggregations) and
+the one-process runs (here) see the same prompts and, through a deterministic `rollout_func`, the same completions
+(ragged lengths, so that the aggregations differ). Everything runs in float64 with SGD; what remains of float32 inside
+the model (Qwen3's RMSNorm and rotary embeddings compute in float32) bounds the agreement at ~1e-6 relative.
+"""
+
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import _mp_worker
+from rpg_trl.losses import AGGREGATIONS
+
+
+WORKER = Path(__file__).with_name("_mp_worker.py")
+#: Logged metrics that must not depend on the batch layout (all are reduced over processes by the trainer).
+REDUCED_METRICS = (
+    "loss",
+    "grad_norm",
+    "kl",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/dual_mean",
+    "clip_ratio/region_mean",
+    "importance_weight/mean",
+    "importance_weight/max",
+    "importance_weight/min",
+    "reward",
+    "reward_std",
+    "num_tokens",
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tiny_model_dir, tmp_path_factory):
+    """Results of the two-process runs, one launch for every aggregation."""
+    out = tmp_path_factory.mktemp("two-processes")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join([str(WORKER.parent.parent), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    cmd += ["--master_port", str(_free_port()), str(WORKER), tiny_model_dir, str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return {agg: torch.load(out / f"{agg}.pt", weights_only=False) for agg in AGGREGATIONS}
+
+
+def _train_logs(result):
+    return [h for h in result["log_history"] if "loss" in h]
+
+
+@pytest.mark.parametrize("aggregation", AGGREGATIONS)
+def test_two_processes_equal_one_process_with_the_same_global_batch(
+    two_process_runs, tiny_model_dir, tmp_path, aggregation
+):
+    multi = two_process_runs[aggregation]
+    single = _mp_worker.run(tiny_model_dir, tmp_path, aggregation, world_size=1)
+
+    # The same global batch: each process holds whole groups, together the prompts of the one-process batch.
+    assert len(multi["prompts"]) == 2 and all(len(p) == 4 for p in multi["prompts"])  # generated once, used twice
+    assert sorted(multi["prompts"][0] + multi["prompts"][1]) == sorted(single["prompts"][0])
+    assert set(multi["prompts"][0]).isdisjoint(multi["prompts"][1])
+
+    logs_multi, logs_single = _train_logs(multi), _train_logs(single)
+    assert len(logs_multi) == len(logs_single) == 2
+    for step, (m, s) in enumerate(zip(logs_multi, logs_single), start=1):
+        for key in REDUCED_METRICS:
+            assert (key in m) == (key in s), (step, key)
+            if key in s and s[key] is not None:
+                assert m[key] == pytest.approx(s[key], rel=1e-5, abs=1e-7), (aggregation, step, key, m[key], s[key])
+    off_policy = logs_single[1]  # step 2 reuses step 1's batch: the metrics are not trivial
+    assert off_policy["kl"] > 0 and off_policy["clip_ratio/region_mean"] > 0 and off_policy["loss"] != 0
+
+    # The same update: SGD moves the weights by lr * gradient.
+    initial = _mp_worker.Qwen3ForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).state_dict()
+    delta_multi = torch.cat([(multi["weights"][k] - initial[k]).flatten() for k in sorted(initial)])
+    delta_single = torch.cat([(single["weights"][k] - initial[k]).flatten() for k in sorted(initial)])
+    scale = delta_single.abs().max().item()
+    assert scale > 1e-3
+    torch.testing.assert_close(delta_multi, delta_single, rtol=0, atol=1e-6 * scale)
+
+
+def test_aggregations_really_differ(two_process_runs):
+    """The three runs above are not one run three times: the aggregations give different losses on ragged batches."""
+    losses = [_train_logs(two_process_runs[agg])[1]["loss"] for agg in AGGREGATIONS]
+    assert all(math.isfinite(x) for x in losses)
+    assert len({round(x, 6) for x in losses}) == 3, losses

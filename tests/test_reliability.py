@@ -1,0 +1,643 @@
+"""Reliability of `RPGTrainer`: exact resume after a crash, hostile inputs, configuration checks, property tests.
+
+The crash tests kill a training process with SIGKILL (`tests/_crash_worker.py`) and resume it here; the multi-process
+tests are in `tests/test_multiprocess.py`. What these tests prove is summarised in `docs/guarantees.md`.
+"""
+
+import asyncio
+import logging
+import math
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoConfig
+
+import _crash_worker
+from rpg_trl import RPGConfig, RPGTrainer
+from rpg_trl.bench_speed import make_fixed_rollout
+from rpg_trl.losses import AGGREGATIONS, DIVERGENCES, ESTIMATORS, rpg_loss
+from rpg_trl.resume import GENERATION_STATE_FILE, load_generation_state, save_generation_state
+from rpg_trl.rewards import accuracy_reward, extract_answer, format_reward, get_soft_overlong_punishment
+from rpg_trl.safety import RewardFunctionError, RewardGuard
+from rpg_trl.tiny import build_char_tokenizer
+
+
+TOKENIZER = build_char_tokenizer()
+EOS = TOKENIZER.eos_token_id
+COMPLETION_LENGTH = 6
+
+
+def digit_reward(completions, **kwargs):
+    return [sum(ch.isdigit() for ch in c) / COMPLETION_LENGTH for c in completions]
+
+
+def make_args(tmp_path, **overrides):
+    args = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=COMPLETION_LENGTH,
+        max_steps=2,
+        steps_per_generation=2,
+        logging_steps=1,
+        learning_rate=1e-2,
+        report_to="none",
+        use_cpu=True,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+    )
+    args.update(overrides)
+    return RPGConfig(**args)
+
+
+def make_trainer(model_dir, tmp_path, reward=digit_reward, dataset=None, rollout="fixed", **overrides):
+    """A tiny trainer; `rollout="fixed"` replaces sampling by `make_fixed_rollout` (same completions every run)."""
+    if rollout == "fixed":
+        rollout = make_fixed_rollout(COMPLETION_LENGTH, 2, len(TOKENIZER), seed=0)
+    return RPGTrainer(
+        model_dir,
+        reward,
+        args=make_args(tmp_path, **overrides),
+        train_dataset=dataset if dataset is not None else _crash_worker.PROMPTS,
+        processing_class=TOKENIZER,
+        rollout_func=rollout,
+    )
+
+
+def train_logs(trainer):
+    return [h for h in trainer.state.log_history if "loss" in h]
+
+
+def rpg_warnings(caplog):
+    return [r.getMessage() for r in caplog.records if r.name.startswith("rpg_trl") and r.levelno == logging.WARNING]
+
+
+# ==================================================================================================== crash and resume
+#: Keys that describe the process rather than the training (timings, and the summary of the `train()` call).
+NOT_TRAINING_STATE = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"}
+
+
+@pytest.fixture(scope="module")
+def interrupted_runs(tiny_model_dir, tmp_path_factory):
+    """scenario -> (uninterrupted run, folder of a run SIGKILLed at step 5, after the checkpoints of steps 2 and 4)."""
+    cache = {}
+
+    def get(scenario):
+        if scenario not in cache:
+            root = tmp_path_factory.mktemp(f"crash-{scenario}")
+            full = _crash_worker.run(tiny_model_dir, root / "full", scenario)
+            cmd = [sys.executable, str(Path(_crash_worker.__file__)), tiny_model_dir, str(root / "crashed"), scenario]
+            cmd += ["--crash-at", "5", "--threads", str(torch.get_num_threads())]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+            assert proc.returncode == -signal.SIGKILL, proc.stderr[-4000:]
+            cache[scenario] = (full, root / "crashed")
+        return cache[scenario]
+
+    return get
+
+
+def _logs_after(history, step):
+    return [{k: v for k, v in h.items() if k not in NOT_TRAINING_STATE} for h in history if h["step"] > step]
+
+
+@pytest.mark.parametrize("scenario", list(_crash_worker.SCENARIOS))
+def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
+    interrupted_runs, tiny_model_dir, tmp_path, scenario
+):
+    full, crashed = interrupted_runs(scenario)
+    run_dir = tmp_path / "run"
+    shutil.copytree(crashed, run_dir)
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    checkpoint = run_dir / "checkpoint-4"
+    # Step 4 is inside a generation cycle (generation every 3 steps): the buffered batch is in the checkpoint.
+    assert torch.load(checkpoint / GENERATION_STATE_FILE, weights_only=True)["buffered_inputs"] is not None
+    if scenario == "reference-sync":  # the reference synced at step 3 is in the checkpoint too
+        assert (checkpoint / "rpg_reference.safetensors").is_file()
+
+    resumed = _crash_worker.run(tiny_model_dir, run_dir, scenario, resume=True)
+
+    after_full, after_resumed = _logs_after(full["log_history"], 4), _logs_after(resumed["log_history"], 4)
+    assert [h["step"] for h in after_resumed] == [5, 6, 7, 7]  # 3 steps logged, then the summary of train()
+    assert after_resumed == after_full  # losses, rewards, learning rates, grad norms, KL, clip fractions: all equal
+    assert any("reward" in h for h in after_resumed) and all(math.isfinite(h["loss"]) for h in after_resumed[:3])
+    assert resumed["policy"] == full["policy"]  # bit-identical final weights
+    assert resumed["reference"] == full["reference"]
+    assert resumed["syncs"] == full["syncs"]
+    if scenario == "reference-sync":
+        assert full["syncs"] == [3, 6] and all(h["kl"] > 0 for h in after_resumed[:3])
+
+
+def test_resume_without_the_saved_generation_state_warns_and_is_not_exact(
+    interrupted_runs, tiny_model_dir, tmp_path, caplog
+):
+    """What TRL alone does (the buffered batch is lost), shown by removing RPG's file: the resumed run regenerates
+    at once, warns, and no longer matches the uninterrupted run."""
+    full, crashed = interrupted_runs("sampling")
+    run_dir = tmp_path / "run"
+    shutil.copytree(crashed, run_dir)
+    (run_dir / "checkpoint-4" / GENERATION_STATE_FILE).unlink()
+    with caplog.at_level(logging.WARNING):
+        resumed = _crash_worker.run(tiny_model_dir, run_dir, "sampling", resume=True)
+    assert any("inside a generation cycle" in m and GENERATION_STATE_FILE in m for m in rpg_warnings(caplog))
+    assert _logs_after(resumed["log_history"], 4) != _logs_after(full["log_history"], 4)
+    assert resumed["policy"] != full["policy"]
+
+
+def _fake_trainer(step, world_size=2, process_index=1, steps_per_generation=3):
+    args = SimpleNamespace(
+        steps_per_generation=steps_per_generation,
+        world_size=world_size,
+        process_index=process_index,
+        gradient_accumulation_steps=1,
+    )
+    ids = torch.arange(6).view(2, 3)
+    buffer = [{"completion_ids": ids + i, "num_items_in_batch": torch.tensor(6)} for i in range(3)]
+    return SimpleNamespace(
+        args=args,
+        num_iterations=1,
+        _step=step,
+        _buffered_inputs=buffer,
+        accelerator=SimpleNamespace(device="cpu"),
+        state=SimpleNamespace(global_step=step),
+    )
+
+
+def test_each_process_saves_its_own_generation_state_and_a_mismatched_layout_falls_back(tmp_path, caplog):
+    save_generation_state(_fake_trainer(step=4), str(tmp_path))
+    assert [p.name for p in tmp_path.iterdir()] == ["rpg_generation_state_1.pt"]  # like rng_state_{rank}.pth
+    restored = _fake_trainer(step=0)
+    restored._buffered_inputs = None
+    assert load_generation_state(restored, str(tmp_path))
+    assert restored._step == 4
+    assert torch.equal(restored._buffered_inputs[2]["completion_ids"], torch.arange(6).view(2, 3) + 2)
+
+    other_layout = _fake_trainer(step=0, steps_per_generation=2)
+    other_layout._buffered_inputs = None
+    other_layout.state.global_step = 3
+    with caplog.at_level(logging.WARNING):
+        assert not load_generation_state(other_layout, str(tmp_path))
+    assert other_layout._buffered_inputs is None and other_layout._step == 0
+    assert any("(2, 3, 1), not (2, 2, 1)" in m for m in rpg_warnings(caplog))
+
+    save_generation_state(_fake_trainer(step=6, process_index=0), str(tmp_path))  # at a generation boundary
+    assert torch.load(tmp_path / "rpg_generation_state_0.pt", weights_only=True)["buffered_inputs"] is None
+
+
+# ==================================================================================================== hostile rewards
+def hostile_reward(completions, **kwargs):
+    """Every kind of bad value: None, NaN, ±inf and a float32 overflow; the second group has no finite value at all."""
+    bad = [None, math.nan, math.inf, -math.inf, 1e39, np.float64("nan"), torch.tensor(math.inf), None]
+    return [bad[i % 8] if i % 4 in (1, 3) or 4 <= i < 8 else float(len(c)) / 10 for i, c in enumerate(completions)]
+
+
+def none_reward(completions, **kwargs):
+    """`hostile_reward` with every bad value replaced by None (TRL's "no reward for this sample")."""
+    return [None if i % 4 in (1, 3) or 4 <= i < 8 else float(len(c)) / 10 for i, c in enumerate(completions)]
+
+
+def _shared_metrics(logs):
+    """The logged training metrics, without those named after the first reward function (named differently)."""
+    skip = ("hostile_reward", "none_reward")
+    keep = lambda k: k not in NOT_TRAINING_STATE and not any(name in k for name in skip)  # noqa: E731
+    return [{k: v for k, v in h.items() if keep(k)} for h in logs]
+
+
+def test_nan_inf_and_overflowing_rewards_count_as_none_and_the_loss_stays_finite(tiny_model_dir, tmp_path, caplog):
+    with caplog.at_level(logging.WARNING):
+        hostile = make_trainer(tiny_model_dir, tmp_path / "h", reward=[hostile_reward, digit_reward], beta=0.05)
+        hostile.train()
+    reference = make_trainer(tiny_model_dir, tmp_path / "n", reward=[none_reward, digit_reward], beta=0.05)
+    reference.train()
+
+    logs = train_logs(hostile)
+    assert all(math.isfinite(h["loss"]) and math.isfinite(h["grad_norm"]) for h in logs)
+    assert all(torch.isfinite(p).all() for p in hostile.model.parameters())
+    assert math.isfinite(logs[0]["rewards/hostile_reward/mean"]) and math.isfinite(logs[0]["reward"])
+    # NaN, inf and overflow are exactly None: the run is the run with None in their place.
+    assert _shared_metrics(logs) == _shared_metrics(train_logs(reference))
+    assert logs[0]["rewards/hostile_reward/mean"] == train_logs(reference)[0]["rewards/none_reward/mean"]
+    messages = [m for m in rpg_warnings(caplog) if "non-finite" in m]
+    assert len(messages) == 1 and "'hostile_reward'" in messages[0]  # named, and once (rate-limited)
+
+
+def test_a_group_without_any_finite_reward_gets_zero_advantage(tiny_model_dir, tmp_path):
+    def all_inf(completions, **kwargs):
+        return [math.inf] * len(completions)
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, reward=all_inf, max_steps=1, steps_per_generation=1)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    (log,) = train_logs(trainer)
+    assert log["loss"] == 0.0 and log["reward"] is None  # no reward at all: nothing to learn, nothing logged
+    assert all(torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))
+
+
+def test_a_raising_reward_function_is_named_with_the_failing_sample(tiny_model_dir, tmp_path):
+    def fragile_reward(prompts, completions, **kwargs):
+        return [1.0 / (prompt != "2+2=") for prompt in prompts]  # ZeroDivisionError on the prompt "2+2="
+
+    dataset = Dataset.from_dict({"prompt": ["1+1=", "2+2="]})
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, reward=fragile_reward, dataset=dataset, shuffle_dataset=False, steps_per_generation=1
+    )
+    match = r"'fragile_reward' raised ZeroDivisionError.* on sample 4 of 8"
+    with pytest.raises(RewardFunctionError, match=match) as e:
+        trainer.train()
+    assert "Prompt: '2+2='" in str(e.value) and isinstance(e.value.__cause__, ZeroDivisionError)
+
+
+@pytest.mark.parametrize(
+    "output, match",
+    [
+        (["1.0"] * 4, r"'bad' returned '1\.0' \(str\) for sample 0 of 4"),
+        ([0.0, 1.0, [2.0], 0.0], r"'bad' returned \[2\.0\] \(list\) for sample 2"),
+        ([0.0, 1j, 0.0, 0.0], r"'bad' returned 1j \(complex\) for sample 1"),
+        ([1.0] * 3, r"'bad' returned 3 rewards for 4 completions"),
+        (1.0, r"'bad' returned float 1\.0; expected a list"),
+    ],
+    ids=["string", "list", "complex", "too-few", "scalar"],
+)
+def test_malformed_reward_outputs_are_refused_naming_function_and_sample(output, match):
+    guard = RewardGuard()
+    bad = guard.wrap(lambda **kwargs: output, "bad")
+    with pytest.raises(RewardFunctionError, match=match):
+        bad(prompts=["p"] * 4, completions=["c"] * 4, completion_ids=[[1]] * 4)
+
+
+def test_non_finite_reward_warnings_name_the_function_and_are_rate_limited(caplog):
+    guard = RewardGuard()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(12):
+            guard.sanitize("flaky", [1.0, math.nan], {"prompts": ["p", "q"]})
+        guard.sanitize("other", [math.inf, 0.0], {"prompts": ["p", "q"]})
+    messages = [m for m in rpg_warnings(caplog) if "non-finite" in m]
+    assert len(messages) == 3  # 'flaky' at its 1st and 10th batch, 'other' at its 1st
+    assert "'flaky'" in messages[0] and "sample 1" in messages[0] and "batch #10" in messages[1]
+    assert "'other'" in messages[2] and "inf" in messages[2]
+
+
+def test_async_reward_functions_are_guarded_too():
+    async def slow_reward(prompts, completions, **kwargs):
+        if "boom" in completions:
+            raise KeyError("boom")
+        return [math.inf if c == "inf" else 1.0 for c in completions]
+
+    guarded = RewardGuard().wrap(slow_reward, "slow_reward")
+    assert asyncio.run(guarded(prompts=["p"] * 3, completions=["a", "inf", "b"])) == [1.0, None, 1.0]
+    with pytest.raises(RewardFunctionError, match=r"'slow_reward' raised KeyError.* on sample 2 of 3"):
+        asyncio.run(guarded(prompts=["p"] * 3, completions=["a", "b", "boom"]))
+
+
+def test_batch_level_reward_failures_say_so():
+    def needs_two(prompts, **kwargs):
+        if len(prompts) < 2:
+            return [0.0] * len(prompts)
+        raise RuntimeError("whole batch")
+
+    with pytest.raises(RewardFunctionError, match="did not fail, so the failure depends on the batch as a whole"):
+        RewardGuard().wrap(needs_two, "needs_two")(prompts=["a", "b"], completions=["x", "y"])
+
+
+# ==================================================================================================== hostile data
+def test_empty_and_length_capped_completions_train_with_finite_loss(tiny_model_dir, tmp_path):
+    """Completions that are only EOS (empty text) and completions cut at max_completion_length (no EOS)."""
+    fixed = make_fixed_rollout(COMPLETION_LENGTH, 2, len(TOKENIZER), seed=0)
+    seen = []
+
+    def rollout(prompts, trainer):
+        output = fixed(prompts, trainer)
+        output["completion_ids"] = [[EOS] if i % 2 == 0 else ids for i, ids in enumerate(output["completion_ids"])]
+        return output
+
+    def length_reward(completions, **kwargs):
+        seen.extend(completions)
+        return [float(len(c)) for c in completions]
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, reward=length_reward, rollout=rollout, beta=0.05)
+    trainer.train()
+    logs = train_logs(trainer)
+    assert "" in seen and any(len(c) == COMPLETION_LENGTH for c in seen)
+    assert logs[0]["completions/clipped_ratio"] == 0.5 and logs[0]["completions/min_length"] == 1
+    assert all(math.isfinite(h["loss"]) and math.isfinite(h["entropy"]) for h in logs)
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_masking_every_truncated_completion_gives_a_zero_loss_not_nan(tiny_model_dir, tmp_path):
+    """`mask_truncated_completions=True` and every completion at max_completion_length: no token to learn from."""
+    trainer = make_trainer(tiny_model_dir, tmp_path, mask_truncated_completions=True, beta=0.05)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    trainer.train()
+    logs = train_logs(trainer)
+    assert [h["loss"] for h in logs] == [0.0, 0.0] and logs[0]["completions/clipped_ratio"] == 1.0
+    assert all(h["kl"] == 0.0 and h["importance_weight/max"] is None for h in logs)  # no token: no weight to report
+    assert all(torch.equal(b, p) for b, p in zip(before, trainer.model.parameters()))
+
+
+def test_prompts_longer_than_the_model_context_are_kept_whole_with_a_warning(tiny_model_dir, tmp_path, caplog):
+    """TRL 1.16 has no `max_prompt_length`: prompts are never truncated. RPG warns once when a prompt plus
+    `max_completion_length` exceeds the model's `max_position_embeddings`."""
+    assert not hasattr(RPGConfig, "max_prompt_length")
+    context = AutoConfig.from_pretrained(tiny_model_dir).max_position_embeddings
+    long_prompt = "1+2=" * (context // 4 + 11)  # one token per character: 44 tokens more than the context
+    dataset = Dataset.from_dict({"prompt": [long_prompt, "3+4="]})
+    with caplog.at_level(logging.WARNING):
+        trainer = make_trainer(tiny_model_dir, tmp_path, dataset=dataset, rollout=None, steps_per_generation=1)
+        trainer.train()
+    messages = [m for m in rpg_warnings(caplog) if "max_position_embeddings" in m]
+    assert len(messages) == 1 and f"A prompt of {len(long_prompt)} tokens" in messages[0]  # reached the model whole
+    assert all(math.isfinite(h["loss"]) for h in train_logs(trainer))
+
+
+@pytest.mark.parametrize("which", ["train_dataset", "eval_dataset"])
+def test_a_dataset_without_a_prompt_column_is_refused_at_construction(tiny_model_dir, tmp_path, which):
+    bad = Dataset.from_dict({"question": ["1+1="] * 8, "answer": ["2"] * 8})
+    datasets = {"train_dataset": _crash_worker.PROMPTS, which: bad}
+    with pytest.raises(ValueError, match=r"has no 'prompt' column \(its columns: \['question', 'answer'\]\)"):
+        RPGTrainer(tiny_model_dir, digit_reward, args=make_args(tmp_path), processing_class=TOKENIZER, **datasets)
+
+
+# ==================================================================================================== diverged policy
+def _diverged_inputs(trainer, batch=8, length=6, log_ratio=60.0):
+    """A scored batch whose old log-probs are ±`log_ratio` away from the current policy's."""
+    g = torch.Generator().manual_seed(0)
+    prompt_ids = torch.randint(2, len(TOKENIZER), (batch, 4), generator=g)
+    completion_ids = torch.randint(2, len(TOKENIZER), (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    with torch.no_grad():
+        logps = trainer._get_per_token_logps_and_entropies(
+            trainer.model, torch.cat([prompt_ids, completion_ids], 1), torch.ones(batch, 4 + length), length
+        )[0]
+    sign = torch.where(torch.rand(batch, length, generator=g) > 0.5, 1.0, -1.0)
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": mask,
+        "advantages": torch.tensor([1.0, -1.0] * (batch // 2)),
+        "old_per_token_logps": logps - sign * log_ratio,
+        "ref_per_token_logps": logps + sign * log_ratio,
+        "num_items_in_batch": mask.sum(),
+    }
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_a_diverged_policy_gives_a_finite_loss_logged_clip_fractions_and_a_rate_limited_warning(
+    tiny_model_dir, tmp_path, caplog, estimator
+):
+    trainer = make_trainer(tiny_model_dir, tmp_path, estimator=estimator, kl_anchor="reference", beta=0.1)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = _diverged_inputs(trainer)
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in trainer.model.parameters() if p.grad is not None)
+    metrics = trainer._metrics["train"]
+    assert metrics["clip_ratio/high_mean"][-1] > 0 and metrics["clip_ratio/low_mean"][-1] > 0
+    assert metrics["clip_ratio/dual_mean"][-1] > 0 and metrics["importance_weight/max"][-1] > 1e8
+
+    with caplog.at_level(logging.WARNING):
+        trainer.log({})  # the first logging interval with exploded weights warns...
+        trainer._compute_loss(trainer.model, inputs)
+        trainer.state.global_step += 99
+        trainer.log({})  # ... the next ones within 100 steps do not ...
+        trainer._compute_loss(trainer.model, inputs)
+        trainer.state.global_step += 1
+        trainer.log({})  # ... and 100 steps later it warns again.
+    messages = [m for m in rpg_warnings(caplog) if "importance weight" in m]
+    assert len(messages) == 2 and "importance_weight_warning_threshold = 100" in messages[0]
+    logged = trainer.state.log_history[0]
+    assert logged["clip_ratio/high_mean"] > 0 and math.isfinite(logged["kl"])
+
+
+def test_the_importance_weight_warning_can_be_switched_off(tiny_model_dir, tmp_path, caplog):
+    trainer = make_trainer(tiny_model_dir, tmp_path, importance_weight_warning_threshold=None)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    trainer._compute_loss(trainer.model, _diverged_inputs(trainer))
+    with caplog.at_level(logging.WARNING):
+        trainer.log({})
+    assert not [m for m in rpg_warnings(caplog) if "importance weight" in m]
+
+
+# ==================================================================================================== configuration
+INVALID_CONFIGS = [
+    # RPG's own hyperparameters
+    (dict(divergence="js"), "divergence"),
+    (dict(estimator="ppo"), "estimator"),
+    (dict(aggregation="sum"), "aggregation"),
+    (dict(loss_type="cispo"), "loss_type"),
+    (dict(beta=-1.0), "beta"),
+    (dict(beta=float("nan")), "beta"),
+    (dict(epsilon=-0.1), "epsilon"),
+    (dict(epsilon=1.0), "epsilon"),
+    (dict(epsilon_high=-0.1), "epsilon_high"),
+    (dict(clip_c=1.0), "clip_c"),
+    (dict(clip_c=1.1), "clip_c"),  # below 1 + epsilon_high
+    (dict(importance_sampling_level="group"), "importance_sampling_level"),
+    (dict(kl_importance_weight=False, divergence="rkl"), "kl_importance_weight"),
+    (dict(kl_anchor="initial"), "kl_anchor"),
+    (dict(kl_anchor="reference", beta=0.0), "kl_anchor"),
+    (dict(delta=2.0), "delta"),
+    (dict(use_adaptive_entropy=True), "use_adaptive_entropy"),
+    # reference sync
+    (dict(sync_ref_model=True), "sync_ref_model"),
+    (dict(ref_model_sync_kl_threshold=0.1), "ref_model_sync_kl_threshold"),
+    (dict(kl_anchor="reference", ref_model_sync_kl_threshold=0.0), "ref_model_sync_kl_threshold"),
+    (dict(ref_model_sync_kl_ema=1.0), "ref_model_sync_kl_ema"),
+    (dict(ref_model_sync_steps=0), "ref_model_sync_steps"),
+    (dict(kl_anchor="reference", sync_ref_model=True, ref_model_mixup_alpha=0.0), "ref_model_mixup_alpha"),
+    (dict(dynamic_sampling_max_rounds=0), "dynamic_sampling_max_rounds"),
+    # sampling, batching and rewards (TRL accepts these and fails, or produces NaN, later)
+    (dict(temperature=0.0), "temperature"),
+    (dict(num_iterations=0), "num_iterations"),
+    (dict(steps_per_generation=0), "steps_per_generation"),
+    (dict(max_completion_length=0), "max_completion_length"),
+    (dict(reward_weights=[float("nan")]), "reward_weights"),
+    (dict(scale_rewards="max"), "scale_rewards"),
+    (dict(multi_objective_aggregation="max"), "multi_objective_aggregation"),
+    (dict(top_entropy_quantile=1.5), "top_entropy_quantile"),
+    (dict(entropy_coef=float("inf")), "entropy_coef"),
+    (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(importance_weight_warning_threshold=0.5), "importance_weight_warning_threshold"),
+]
+
+
+@pytest.mark.parametrize(
+    "overrides, field", INVALID_CONFIGS, ids=[f"{i:02d}-{f}" for i, (_, f) in enumerate(INVALID_CONFIGS)]
+)
+def test_invalid_config_is_rejected_at_construction_naming_the_field(overrides, field):
+    with pytest.raises(ValueError, match=rf"`{field}"):
+        RPGConfig(output_dir="unused", use_cpu=True, report_to="none", **overrides)
+
+
+def test_the_invalid_config_table_has_at_least_20_rows_and_the_defaults_are_valid():
+    assert len(INVALID_CONFIGS) >= 20
+    RPGConfig(output_dir="unused", use_cpu=True, report_to="none")  # the defaults are valid
+
+
+# ==================================================================================================== property tests
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 4),
+    t=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    scale=st.sampled_from([0.0, 0.5, 60.0, 1e4]),
+    divergence=st.sampled_from(DIVERGENCES),
+    estimator=st.sampled_from(ESTIMATORS),
+    level=st.sampled_from(["token", "sequence"]),
+    kl_importance_weight=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float64]),
+    aggregation=st.sampled_from(AGGREGATIONS),
+    token_advantages=st.booleans(),
+)
+def test_property_loss_is_finite_with_sequence_weights_token_advantages_and_garbage_padding(
+    b, t, seed, scale, divergence, estimator, level, kl_importance_weight, dtype, aggregation, token_advantages
+):
+    """Coverage beyond tests/test_losses.py: sequence-level weights, (B, T) advantages, float64, the uncorrected KL,
+    and NaN/inf in masked positions of every input."""
+    if not kl_importance_weight:
+        divergence = "urkl"
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(b, t, generator=g) > 0.3).float()
+    old = -torch.rand(b, t, generator=g) * 5
+    logps = old + (torch.rand(b, t, generator=g) * 2 - 1) * scale
+    ref = old + (torch.rand(b, t, generator=g) * 2 - 1) * scale
+    adv = torch.randn(b, t, generator=g) if token_advantages else torch.randn(b, generator=g)
+    garbage = torch.tensor([math.nan, math.inf, -math.inf])[torch.randint(0, 3, (b, t), generator=g)]
+    logps, old, ref = (torch.where(mask > 0, x, garbage) for x in (logps, old, ref))
+    if token_advantages:
+        adv = torch.where(mask > 0, adv, garbage)
+    logps = logps.to(dtype).requires_grad_(True)
+    loss, metrics = rpg_loss(
+        logps,
+        old.to(dtype),
+        adv,
+        mask,
+        ref_logps=ref.to(dtype),
+        divergence=divergence,
+        estimator=estimator,
+        beta=0.1,
+        aggregation=aggregation,
+        importance_sampling_level=level,
+        kl_importance_weight=kl_importance_weight,
+    )
+    loss.backward()
+    assert loss.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    assert torch.isfinite(loss) and torch.isfinite(logps.grad).all()
+    assert (logps.grad[mask == 0] == 0).all()
+    assert all(torch.isfinite(v) for k, v in metrics.items() if "/m" not in k or mask.sum() > 0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.integers(1, 4),
+    t=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+    num_items=st.floats(0.5, 1e4),
+    divergence=st.sampled_from(DIVERGENCES),
+    estimator=st.sampled_from(ESTIMATORS),
+    aggregation=st.sampled_from(AGGREGATIONS),
+)
+def test_property_num_items_only_rescales_token_mean_and_rows_can_be_permuted(
+    b, t, seed, num_items, divergence, estimator, aggregation
+):
+    """`num_items` (the trainer's global token count) replaces mask.sum() in token-mean; every aggregation is invariant
+    to the order of the sequences in the batch."""
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.rand(b, t, generator=g) > 0.3).double()
+    old = -torch.rand(b, t, generator=g, dtype=torch.float64) * 3
+    logps = old + torch.randn(b, t, generator=g, dtype=torch.float64) * 0.3
+    adv = torch.randn(b, generator=g, dtype=torch.float64)
+    kw = dict(divergence=divergence, estimator=estimator, beta=0.1, aggregation=aggregation)
+    loss, _ = rpg_loss(logps, old, adv, mask, **kw)
+    perm = torch.randperm(b, generator=g)
+    permuted, _ = rpg_loss(logps[perm], old[perm], adv[perm], mask[perm], **kw)
+    assert permuted.item() == pytest.approx(loss.item(), rel=1e-12, abs=1e-15)
+    if aggregation == "token-mean":
+        rescaled, _ = rpg_loss(logps, old, adv, mask, num_items=num_items, **kw)
+        expected = loss.item() * max(mask.sum().item(), 1.0) / max(num_items, 1.0)
+        assert rescaled.item() == pytest.approx(expected, rel=1e-10, abs=1e-15)
+        as_tensor, _ = rpg_loss(logps, old, adv, mask, num_items=torch.tensor(num_items), **kw)
+        assert as_tensor.item() == pytest.approx(rescaled.item(), rel=1e-6)
+
+
+_REWARD_VALUES = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**40), 10**40),
+    st.booleans(),
+    st.floats(width=32).map(np.float32),
+    st.floats().map(lambda x: torch.tensor(x, dtype=torch.float64)),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(_REWARD_VALUES, min_size=1, max_size=12))
+def test_property_guarded_rewards_are_finite_float32_or_none(values):
+    rewards = RewardGuard().sanitize("f", values, {"prompts": ["p"] * len(values)})
+    assert len(rewards) == len(values)
+    for value, reward in zip(values, rewards):
+        assert reward is None or (isinstance(reward, float) and math.isfinite(reward) and abs(reward) <= 3.5e38)
+        if value is not None and reward is not None:
+            assert reward == float(value)
+    torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32).isfinite()  # never overflows
+
+
+_UNICODE = st.text(alphabet=st.characters(exclude_categories=()), max_size=200)  # surrogates and controls included
+_CONTENT = st.one_of(
+    _UNICODE,
+    st.none(),
+    st.integers(),
+    st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": _UNICODE}), max_size=3),
+    st.lists(st.dictionaries(st.text(max_size=5), _UNICODE, max_size=2), max_size=2),
+)
+_ROLES = st.sampled_from(["assistant", "user", "system", "tool", ""])
+_MESSAGE = st.fixed_dictionaries({"role": _ROLES, "content": _CONTENT})
+_COMPLETION = st.one_of(
+    _UNICODE,
+    st.lists(_MESSAGE, max_size=4),
+    _MESSAGE,
+    st.none(),
+    st.integers(),
+    st.binary(max_size=20),
+    st.lists(st.integers(), max_size=3),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(completion=_COMPLETION, gold=st.one_of(st.sampled_from(["42", r"\frac{1}{2}", "}{"]), _UNICODE, st.none()))
+def test_property_reward_parsers_never_raise_on_any_completion(completion, gold):
+    """Random unicode (surrogates and control characters included), conversational messages with odd roles and
+    contents, and values that are not completions at all."""
+    (accuracy,) = accuracy_reward([completion], [gold])
+    assert accuracy in (0.0, 1.0, None)
+    assert format_reward([completion]) in ([0.0], [1.0])
+    if isinstance(completion, str):
+        answer = extract_answer(completion)
+        assert answer is None or (isinstance(answer, str) and answer)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 5000), min_size=1, max_size=8),
+    max_len=st.integers(1, 4096),
+    cache_fraction=st.floats(0.0, 1.0),
+)
+def test_property_soft_overlong_punishment_is_in_minus_one_zero(lengths, max_len, cache_fraction):
+    reward = get_soft_overlong_punishment(max_len, int(cache_fraction * max_len))
+    values = reward(completion_ids=[[0] * n for n in lengths])
+    assert all(-1.0 <= v <= 0.0 for v in values)
+    assert all(v == 0.0 for n, v in zip(lengths, values) if n <= max_len - int(cache_fraction * max_len))

@@ -9,8 +9,12 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
+from .callbacks import RefModelSyncCallback
 from .config import RPGConfig
+from .dynamic_sampling import generate_with_dynamic_sampling
 from .losses import PAPER_NAMES, aggregate_loss, rpg_per_token_loss, summarize_stats
+from .resume import load_generation_state, save_generation_state
+from .safety import ImportanceWeightMonitor, RewardGuard, check_prompt_column, check_sequence_length
 
 
 class RPGTrainer(GRPOTrainer):
@@ -67,8 +71,8 @@ class RPGTrainer(GRPOTrainer):
         #: KL coefficient of the RPG loss (`self.beta` keeps the parent's meaning: "reference log-probs needed").
         self.rpg_beta = rpg_beta
         self._tag_names = [*self._tag_names, PAPER_NAMES[(args.divergence, args.estimator)].lower()]
-        from .callbacks import RefModelSyncCallback
-
+        self._reward_guard = RewardGuard()
+        self._importance_weight_monitor = ImportanceWeightMonitor(args.importance_weight_warning_threshold)
         #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
         self.ref_sync_callback = RefModelSyncCallback.install(self)
         self._check_datasets()  # a clear error now for a dataset without prompts, not a KeyError mid-training
@@ -211,64 +215,43 @@ class RPGTrainer(GRPOTrainer):
             self.ref_sync_callback.load_checkpoint(self, checkpoint)
 
     # DAPO dynamic sampling (`RPGConfig.dynamic_sampling`; `rpg_trl.dynamic_sampling.DynamicSamplingMixin` gives the
-    # same two overrides to other GRPOTrainer subclasses).
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = self._calculate_rewards_guarded(inputs, prompts, completions, completion_ids_list)
-        self._dynamic_sampling_rewards = rewards_per_func  # gathered over processes; read by dynamic sampling
-        return rewards_per_func
-
+    # same overrides to other GRPOTrainer subclasses).
     def _generate_and_score_completions(self, inputs):
         if self.args.dynamic_sampling and self.model.training:
-            from .dynamic_sampling import generate_with_dynamic_sampling
-
             return generate_with_dynamic_sampling(self, super()._generate_and_score_completions, inputs)
         return super()._generate_and_score_completions(inputs)
 
-    # Reliability: exact resume, guarded rewards, warnings on diverged policies and over-long prompts
-    # (`rpg_trl.resume`, `rpg_trl.safety`; tests/test_reliability.py).
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's `_calculate_rewards` with each reward function guarded by [`rpg_trl.safety.RewardGuard`]: non-finite
+        rewards count as `None` (with a warning), and a failing function is named with the sample it fails on."""
+        with self._reward_guard.installed(self):
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._dynamic_sampling_rewards = rewards_per_func  # gathered over processes; read by dynamic sampling
+        return rewards_per_func
+
+    # Reliability: exact resume, warnings on diverged policies and over-long prompts (`rpg_trl.resume`,
+    # `rpg_trl.safety`; tests/test_reliability.py).
     def _save_rng_state(self, output_dir):
         # The buffered generation batch and the micro-step counter are sampling state, like the RNG: saved with it.
         super()._save_rng_state(output_dir)
-        from .resume import save_generation_state
-
         save_generation_state(self, output_dir)
 
     def _load_rng_state(self, checkpoint):
         super()._load_rng_state(checkpoint)
-        from .resume import load_generation_state
-
         load_generation_state(self, checkpoint)
-
-    def _calculate_rewards_guarded(self, inputs, prompts, completions, completion_ids_list):
-        """TRL's `_calculate_rewards` with each reward function guarded by [`rpg_trl.safety.RewardGuard`]: non-finite
-        rewards count as `None` (with a warning), and a failing function is named with the sample it fails on."""
-        from .safety import RewardGuard
-
-        guard = self.__dict__.setdefault("_reward_guard", RewardGuard())
-        with guard.installed(self):
-            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     def _prepare_inputs(self, generation_batch):
         inputs = super()._prepare_inputs(generation_batch)
-        from .safety import check_sequence_length
-
         check_sequence_length(self, inputs)
         return inputs
 
     def log(self, logs, start_time=None):
         if self.model.training:  # warn (rate-limited) when the importance weights of this logging interval exploded
-            from .safety import ImportanceWeightMonitor
-
-            monitor = self.__dict__.setdefault(
-                "_importance_weight_monitor", ImportanceWeightMonitor(self.args.importance_weight_warning_threshold)
-            )
-            monitor.check_logged(self._metrics["train"], self.state.global_step)
+            self._importance_weight_monitor.check_logged(self._metrics["train"], self.state.global_step)
         super().log(logs, start_time)
 
     def _check_datasets(self):
         """Refuse training/evaluation datasets without a `prompt` column (unless an environment supplies prompts)."""
-        from .safety import check_prompt_column
-
         if getattr(self, "environment_factories", None) is None:
             check_prompt_column(self.train_dataset, "training")
             check_prompt_column(self.eval_dataset, "evaluation")

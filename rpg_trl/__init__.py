@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 from .losses import DIVERGENCES, ESTIMATORS, PAPER_NAMES, aggregate_loss, rpg_loss, rpg_per_token_loss
 
 
-_LAZY = {"RPGConfig": ".config", "RPGTrainer": ".trainer"}
+_LAZY = {"RPGConfig": ".config", "RPGTrainer": ".trainer", "RefModelSyncCallback": ".callbacks"}
 
 
 def __getattr__(name):
@@ -24,6 +24,7 @@ __all__ = [
     "PAPER_NAMES",
     "RPGConfig",
     "RPGTrainer",
+    "RefModelSyncCallback",
     "aggregate_loss",
     "rpg_loss",
     "rpg_per_token_loss",

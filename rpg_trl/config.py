@@ -55,6 +55,21 @@ class RPGConfig(GRPOConfig):
             Loss aggregation: `"token-mean"`, `"seq-mean-token-mean"` or `"seq-mean-token-sum"`. `None` derives it
             from `loss_type` (`dapo`/`bnpo` → token-mean, `grpo` → seq-mean-token-mean, `dr_grpo`/`luspo` →
             seq-mean-token-sum).
+        ref_model_sync_kl_threshold (`float` or `None`, *optional*, defaults to `None`):
+            κ: with `kl_anchor="reference"`, sync π_ref ← π_θ when the moving average of the token KL to the reference
+            exceeds κ ([`~rpg_trl.callbacks.RefModelSyncCallback`]); combines with TRL's `sync_ref_model`,
+            `ref_model_sync_steps` and `ref_model_mixup_alpha`.
+        ref_model_sync_kl_ema (`float`, *optional*, defaults to `0.9`):
+            Weight γ of the previous value in that moving average.
+        dynamic_sampling (`bool`, *optional*, defaults to `False`):
+            DAPO dynamic sampling: replace groups whose rewards are all equal by newly generated groups
+            ([`rpg_trl.dynamic_sampling`]).
+        dynamic_sampling_max_rounds (`int`, *optional*, defaults to `20`):
+            Most generation rounds per generation batch with `dynamic_sampling`.
+        dynamic_sampling_metric (`str` or `None`, *optional*, defaults to `None`):
+            Reward function whose per-group variance decides which groups are kept (`None`: the total reward).
+        importance_weight_warning_threshold (`float` or `None`, *optional*, defaults to `100.0`):
+            Warn when the largest importance weight π_θ/π_old of a logging interval exceeds it.
     """
 
     divergence: str = field(

@@ -235,22 +235,23 @@ def rpg_per_token_loss(
     """Per-token RPG loss, before aggregation: returns ``(per_token_loss (B, T) float32, per-token stats)``.
 
     Arguments are those of [`rpg_loss`] (which validates them). Computation runs in float32 (float64 inputs stay
-    float64), whatever the input dtype. The stats dict holds (B, T) float tensors, detached: ``kl`` (the per-token divergence estimate ``S``), ``is_low_clipped``,
-    ``is_high_clipped``, ``is_dual_clipped`` and ``importance_weight`` (``w``).
+    float64), whatever the input dtype. The stats dict holds (B, T) float tensors, detached: ``kl`` (the per-token
+    divergence estimate ``S``), ``is_low_clipped``, ``is_high_clipped``, ``is_dual_clipped`` and ``importance_weight``
+    (``w``).
     """
     dtype = torch.promote_types(logps.dtype, torch.float32)
     active = mask > 0
     mask = mask.to(dtype)
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
-    adv = torch.where(active, advantages.to(dtype).expand_as(mask), torch.zeros((), dtype=dtype, device=mask.device))
+    adv = advantages.to(dtype)  # (B, 1) or (B, T); masked positions are zeroed at the end
 
     # Log-ratios: masked positions are set to 0 (w = r = 1) so padding can never inject NaN/inf; clamp before exp.
     zero = torch.zeros((), dtype=dtype, device=mask.device)
     token_log_ratio = torch.where(active, logps.to(dtype) - old_logps.to(dtype).detach(), zero)
     log_ratio = token_log_ratio
     if ref_logps is None:
-        log_r = torch.zeros_like(mask)
+        log_r = zero  # π_ref = π_old: r = 1 everywhere (a scalar that broadcasts)
     else:
         log_r = torch.where(active, ref_logps.to(dtype).detach() - old_logps.to(dtype).detach(), zero)
         log_r = log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
@@ -258,7 +259,8 @@ def rpg_per_token_loss(
         # GSPO-style sequence weight: the geometric mean of the token ratios, shared by every token of a sequence.
         lengths = mask.sum(-1, keepdim=True).clamp(min=1.0)
         log_ratio = torch.where(active, (token_log_ratio * mask).sum(-1, keepdim=True) / lengths, zero)
-        log_r = torch.where(active, (log_r * mask).sum(-1, keepdim=True) / lengths, zero)
+        if ref_logps is not None:
+            log_r = torch.where(active, (log_r * mask).sum(-1, keepdim=True) / lengths, zero)
     log_w = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     w = torch.exp(log_w)
     r = torch.exp(log_r)
@@ -266,15 +268,14 @@ def rpg_per_token_loss(
     # Which tokens the reward term may move (RPG-Style Clip, Sec. 3.3); computed on the detached weight.
     w_d = w.detach()
     lower, upper = 1.0 - epsilon_low, 1.0 + epsilon_high
-    is_low_clipped = active & (adv < 0) & (w_d < lower)
+    negative = active & (adv < 0)
+    is_low_clipped = negative & (w_d < lower)
     is_high_clipped = active & (adv > 0) & (w_d > upper)
-    is_dual_clipped = active & (adv < 0) & (w_d > clip_c)
+    is_dual_clipped = negative & (w_d > clip_c)
     if clip:
         reward_active = ~(is_low_clipped | is_high_clipped | is_dual_clipped)
     else:
         reward_active = torch.ones_like(active)
-
-    kl_value = _kl_value(divergence, w_d, r, log_w.detach(), log_r)
 
     if estimator == "differentiable":
         if clip:
@@ -289,6 +290,7 @@ def rpg_per_token_loss(
         else:
             kl_loss = _uncorrected_k3(log_w, log_r)
         per_token_loss = reward_loss + beta * kl_loss
+        kl_value = kl_loss.detach()
     else:
         # REINFORCE-style (Table 2, Eq. 4.1): −SG(W)·log π_θ. The gradient flows through the unclamped log-ratio.
         with torch.no_grad():
@@ -300,11 +302,15 @@ def rpg_per_token_loss(
                 # d k3 / d log π_θ = 1 − π_ref/π_θ
                 kl_grad = 1.0 - torch.exp(log_r - log_w)
             weight = torch.where(reward_active, w_d * adv, zero) - beta * kl_grad
+            if kl_importance_weight:
+                kl_value = _kl_value(divergence, w_d, r, log_w.detach(), log_r)
+            else:
+                kl_value = _uncorrected_k3(log_w.detach(), log_r)
         per_token_loss = -weight * token_log_ratio
 
     per_token_loss = torch.where(active, per_token_loss, zero)
     stats = {
-        "kl": kl_value if kl_importance_weight else _uncorrected_k3(log_w.detach(), log_r),
+        "kl": kl_value,
         "is_low_clipped": is_low_clipped.to(dtype),
         "is_high_clipped": is_high_clipped.to(dtype),
         "is_dual_clipped": is_dual_clipped.to(dtype),
@@ -416,22 +422,24 @@ def rpg_loss(
 def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """Reduce the per-token stats of [`rpg_per_token_loss`] to the detached scalar metrics of [`rpg_loss`]."""
     with torch.no_grad():
+        mask = mask.to(stats["importance_weight"].dtype)
         active = mask > 0
-        region = (stats["is_low_clipped"] + stats["is_high_clipped"] + stats["is_dual_clipped"]).clamp(max=1.0)
+        num_tokens = mask.sum()
+        region = torch.maximum(torch.maximum(stats["is_low_clipped"], stats["is_high_clipped"]), stats["is_dual_clipped"])
+        keys = ("kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/dual_mean", "clip_ratio/region_mean")
+        per_token = (stats["kl"], stats["is_low_clipped"], stats["is_high_clipped"], stats["is_dual_clipped"], region)
         w = stats["importance_weight"]
-        has_tokens = bool(active.any())
-        nan = torch.tensor(float("nan"), device=mask.device)
-        return {
-            "kl": _masked_mean(stats["kl"], mask),
-            "clip_ratio/low_mean": _masked_mean(stats["is_low_clipped"], mask),
-            "clip_ratio/high_mean": _masked_mean(stats["is_high_clipped"], mask),
-            "clip_ratio/dual_mean": _masked_mean(stats["is_dual_clipped"], mask),
-            "clip_ratio/region_mean": _masked_mean(region, mask),
-            "importance_weight/mean": _masked_mean(w, mask),
-            "importance_weight/max": w[active].max() if has_tokens else nan,
-            "importance_weight/min": w[active].min() if has_tokens else nan,
-            "num_tokens": mask.sum(),
-        }
+        sums = torch.stack([(x * mask).sum() for x in (*per_token, w)]) / num_tokens.clamp(min=1.0)
+        metrics = dict(zip((*keys, "importance_weight/mean"), sums.unbind()))
+        # Masked max/min without boolean indexing (which copies and synchronises); NaN when no token is active.
+        nan = torch.full((), float("nan"), dtype=w.dtype, device=w.device)
+        w_max = torch.where(active, w, torch.full((), -math.inf, dtype=w.dtype, device=w.device)).amax()
+        w_min = torch.where(active, w, torch.full((), math.inf, dtype=w.dtype, device=w.device)).amin()
+        has_tokens = num_tokens > 0
+        metrics["importance_weight/max"] = torch.where(has_tokens, w_max, nan)
+        metrics["importance_weight/min"] = torch.where(has_tokens, w_min, nan)
+        metrics["num_tokens"] = num_tokens
+        return metrics
 
 
 def _check_shapes(logps, old_logps, advantages, mask, ref_logps) -> None:

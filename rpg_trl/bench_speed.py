@@ -87,6 +87,8 @@ def _worker(opts) -> dict:
     from rpg_trl import RPGConfig, RPGTrainer
     from rpg_trl.tiny import build_char_tokenizer, save_tiny_model
 
+    if opts.num_threads:
+        torch.set_num_threads(opts.num_threads)
     kind, overrides = SCENARIOS[opts.scenario]
     use_cuda = opts.device == "cuda"
     workdir = Path(tempfile.mkdtemp(prefix="rpg-bench-"))
@@ -192,6 +194,8 @@ def _loss_only(opts) -> dict:
     from rpg_trl import RPGConfig, RPGTrainer
     from rpg_trl.tiny import build_char_tokenizer, save_tiny_model
 
+    if opts.num_threads:
+        torch.set_num_threads(opts.num_threads)
     device = torch.device(opts.device)
     B, T = opts.loss_batch, opts.loss_length
     g = torch.Generator().manual_seed(0)
@@ -275,6 +279,8 @@ def _forwarded_flags(opts) -> list[str]:
         f"--steps={opts.steps}",
         f"--warmup={opts.warmup}",
     ]
+    if opts.num_threads:
+        flags.append(f"--num-threads={opts.num_threads}")
     if opts.lora:
         flags.append("--lora")
     if opts.gradient_checkpointing:
@@ -317,7 +323,7 @@ def run(opts) -> dict:
         f"device: {opts.device}, model: hidden {opts.hidden_size} x {opts.num_layers} layers, "
         f"{opts.batch_size} completions x {opts.completion_length} tokens per micro-batch, "
         f"steps_per_generation={opts.steps_per_generation}, LoRA={opts.lora}, repeats={opts.repeats}, "
-        f"{opts.steps} timed steps each",
+        f"{opts.steps} timed steps each, torch threads: {opts.num_threads or 'default'}",
         "",
         "| run | step time (s) | tokens/s | peak memory (MiB) | weights held (MiB) |",
         "|---|---|---|---|---|",
@@ -366,6 +372,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--loss-length", type=int, default=4096, help="T of the loss-only benchmark (c)")
     parser.add_argument("--loss-repeats", type=int, default=10)
     parser.add_argument("--loss-warmup", type=int, default=2)
+    parser.add_argument(
+        "--num-threads", type=int, default=None, help="torch CPU threads per process (default: torch's own choice)"
+    )
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed to each worker process")
     parser.add_argument("--output-json", default=None, help="also write the results as JSON here")
 

@@ -1,0 +1,104 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+r"""The ``rpg-trl`` command line (console script declared in ``setup.cfg``).
+
+Each subcommand lives in its own module, which registers itself with two functions:
+
+```python
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    # Add and return the subcommand's parser: `subparsers.add_parser("name", help=..., ...)`. The parsers are
+    # `trl.TrlParser`s, so `dataclass_types=[MyArguments]` declares the options as a dataclass (TRL's convention),
+    # and `rpg-trl name --config args.yaml` reads them from a YAML file.
+    ...
+
+
+def run(args: argparse.Namespace) -> int | None:
+    # Execute the subcommand; an integer return value is the exit status, anything else (None, a results dict)
+    # means success.
+    ...
+```
+
+To add a subcommand, write such a module and list it in [`SUBCOMMAND_MODULES`] (always present) or
+[`OPTIONAL_SUBCOMMAND_MODULES`] (registered only when the module exists and imports). Modules must import quickly: keep
+`torch`/`trl` imports inside `run`, so that ``rpg-trl --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+
+
+#: Subcommand modules of rpg_trl, in the order of ``rpg-trl --help``.
+SUBCOMMAND_MODULES = ("rpg_trl.demo", "rpg_trl.plotting", "rpg_trl.bench_algos")
+#: Subcommand modules registered only when present and importable.
+OPTIONAL_SUBCOMMAND_MODULES = ("rpg_trl.bench_speed",)
+
+
+class CommandError(Exception):
+    """An error the user can fix (bad path, bad value): ``rpg-trl`` prints it without a traceback and exits with 2."""
+
+
+def _load_optional(name: str):
+    if importlib.util.find_spec(name) is None:
+        return None
+    try:
+        return importlib.import_module(name)
+    except Exception as exc:  # noqa: BLE001 - a broken optional module must not take the other subcommands down
+        print(
+            f"rpg-trl: warning: subcommand module {name!r} failed to import ({type(exc).__name__}: {exc}); "
+            "its subcommand is unavailable.",
+            file=sys.stderr,
+        )
+        return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``rpg-trl`` parser with every available subcommand registered."""
+    from trl import TrlParser
+
+    from . import __version__
+
+    parser = TrlParser(
+        prog="rpg-trl",
+        description="RPG (Regularized Policy Gradient, ICLR 2026) for TRL: demos, benchmarks and plots.",
+    )
+    parser.add_argument("--version", action="version", version=f"rpg_trl {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    modules = [importlib.import_module(name) for name in SUBCOMMAND_MODULES]
+    modules += [m for m in map(_load_optional, OPTIONAL_SUBCOMMAND_MODULES) if m is not None]
+    for module in modules:
+        for attribute in ("add_parser", "run"):
+            if not callable(getattr(module, attribute, None)):
+                raise TypeError(f"Subcommand module {module.__name__!r} must define `{attribute}`; see rpg_trl.cli.")
+        subparser = module.add_parser(subparsers)
+        if not isinstance(subparser, argparse.ArgumentParser):
+            raise TypeError(
+                f"`{module.__name__}.add_parser` must return the subcommand's ArgumentParser; got {subparser!r}."
+            )
+        subparser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``rpg-trl``: parse `argv` (default: ``sys.argv[1:]``) and run the subcommand."""
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # TrlParser reads `--config file.yaml` (defaults for the subcommand's options), then the command line.
+    args = parser.parse_args_and_config(argv)[0]
+    if args.command is None:
+        parser.print_help()
+        return 1
+    try:
+        status = args._run(args)
+    except (CommandError, FileNotFoundError) as exc:
+        # Errors the user can fix name the bad value; a traceback would only hide the message.
+        print(f"rpg-trl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    return status if isinstance(status, int) and not isinstance(status, bool) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,226 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""Tests of the `rpg-trl` command line: subcommand registry, `plot` and `bench-algos --quick`."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from rpg_trl import RPGConfig, RPGTrainer, bench_algos, cli, plotting
+from rpg_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Registry
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _commands(parser):
+    action = next(a for a in parser._actions if a.dest == "command")
+    return set(action.choices)
+
+
+def test_parser_registers_every_subcommand():
+    assert {"demo", "plot", "bench-algos"} <= _commands(cli.build_parser())
+
+
+def test_no_command_prints_help_and_fails(capsys):
+    assert cli.main([]) == 1
+    assert "demo" in capsys.readouterr().out
+
+
+def test_optional_subcommand_absent_or_broken_is_skipped(monkeypatch, tmp_path, capsys):
+    (tmp_path / "rpg_broken_cmd.py").write_text("raise RuntimeError('boom')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "OPTIONAL_SUBCOMMAND_MODULES", ("rpg_trl.no_such_module", "rpg_broken_cmd"))
+    commands = _commands(cli.build_parser())
+    assert {"demo", "plot", "bench-algos"} <= commands
+    err = capsys.readouterr().err
+    assert "rpg_broken_cmd" in err and "boom" in err
+    assert "no_such_module" not in err  # absent: silently not offered
+
+
+def test_optional_subcommand_module_registers_itself(monkeypatch, tmp_path, capsys):
+    (tmp_path / "rpg_hello_cmd.py").write_text(
+        textwrap.dedent(
+            """
+            def add_parser(subparsers):
+                parser = subparsers.add_parser("hello", help="say hello")
+                parser.add_argument("--name", default="world")
+                return parser
+
+            def run(args):
+                print(f"hello {args.name}")
+                return 3
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "OPTIONAL_SUBCOMMAND_MODULES", ("rpg_hello_cmd",))
+    assert cli.main(["hello", "--name", "rpg"]) == 3
+    assert capsys.readouterr().out == "hello rpg\n"
+
+
+def test_subcommand_returning_a_result_object_exits_with_zero(monkeypatch, tmp_path):
+    (tmp_path / "rpg_dict_cmd.py").write_text(
+        "def add_parser(subparsers):\n    return subparsers.add_parser('results')\n\n"
+        "def run(args):\n    return {'step_time': 1.0}\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(cli, "OPTIONAL_SUBCOMMAND_MODULES", ("rpg_dict_cmd",))
+    assert cli.main(["results"]) == 0
+
+
+def test_options_from_a_yaml_config_file(tmp_path):
+    config = tmp_path / "demo.yaml"
+    config.write_text("steps: 7\nseed: 5\n")
+    args = cli.build_parser().parse_args_and_config(["demo", "--config", str(config), "--seed", "6"])[0]
+    assert (args.command, args.steps, args.seed, args.sft_steps) == ("demo", 7, 6, 1500)
+
+
+def test_console_script_help():
+    result = subprocess.run(
+        [sys.executable, "-m", "rpg_trl.cli", "--help"], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "demo" in result.stdout and "plot" in result.stdout and "bench-algos" in result.stdout
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# plot
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _reward_len(completions, **kwargs):
+    return [float(len(c)) / 4.0 for c in completions]
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """Two 2-step runs on a tiny model: RPGTrainer (state saved in output_dir) and GRPOTrainer (in checkpoint-2/)."""
+    root = tmp_path_factory.mktemp("runs")
+    tokenizer = build_char_tokenizer()
+    dataset = Dataset.from_list([{"prompt": f"{a}+{a}="} for a in range(10, 26)])
+    common = {
+        "max_steps": 2,
+        "per_device_train_batch_size": 8,
+        "num_generations": 4,
+        "max_completion_length": 4,
+        "logging_steps": 1,
+        "learning_rate": 1e-3,
+        "use_cpu": True,
+        "bf16": False,
+        "activation_checkpointing": False,
+        "report_to": "none",
+        "disable_tqdm": True,
+        "seed": 0,
+    }
+    rpg_dir, grpo_dir = root / "rpg-reinforce-urkl", root / "grpo"
+    trainer = RPGTrainer(
+        model=build_tiny_qwen3(tokenizer),
+        reward_funcs=_reward_len,
+        processing_class=tokenizer,
+        train_dataset=dataset,
+        args=RPGConfig(output_dir=str(rpg_dir), save_strategy="no", steps_per_generation=2, **common),
+    )
+    trainer.train()
+    trainer.save_state()
+    trainer = GRPOTrainer(
+        model=build_tiny_qwen3(tokenizer),
+        reward_funcs=_reward_len,
+        processing_class=tokenizer,
+        train_dataset=dataset,
+        args=GRPOConfig(output_dir=str(grpo_dir), save_strategy="steps", save_steps=2, **common),
+    )
+    trainer.train()
+    assert not (grpo_dir / "trainer_state.json").exists()
+    assert (grpo_dir / "checkpoint-2" / "trainer_state.json").exists()
+    return str(rpg_dir), str(grpo_dir)
+
+
+def test_find_trainer_state_prefers_output_dir_then_latest_checkpoint(tmp_path):
+    for step in (5, 40, 300):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"log_history": []}))
+    assert plotting.find_trainer_state(str(tmp_path)).endswith(os.path.join("checkpoint-300", "trainer_state.json"))
+    (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": []}))
+    assert plotting.find_trainer_state(str(tmp_path)) == str(tmp_path / "trainer_state.json")
+
+
+def test_plot_overlays_rpg_and_grpo_runs(tiny_runs, tmp_path, capsys):
+    output = tmp_path / "figs" / "curves.png"
+    assert cli.main(["plot", *tiny_runs, "-o", str(output), "--title", "test"]) == 0
+    png = output.read_bytes()
+    assert png.startswith(PNG_SIGNATURE) and len(png) > 10_000
+    assert "2 runs" in capsys.readouterr().out
+    for run_dir in tiny_runs:
+        steps, values = plotting.metric_series(plotting.load_log_history(run_dir), "reward")
+        assert steps and all(isinstance(v, float) for v in values)
+
+
+def test_plot_names_must_match_runs(tiny_runs, tmp_path):
+    with pytest.raises(ValueError, match="one entry per run: got 1 names for 2 runs"):
+        plotting.plot_runs(list(tiny_runs), str(tmp_path / "x.png"), names=["only-one"])
+
+
+def test_plot_without_trainer_state_fails_clearly(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    status = cli.main(["plot", str(tmp_path / "empty"), "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert "trainer_state.json" in err and str(tmp_path / "empty") in err
+    assert cli.main(["plot", str(tmp_path / "missing"), "-o", str(tmp_path / "x.png")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_smoothing_and_names():
+    assert plotting.smooth([1.0, 2.0, 3.0], 0.0) == [1.0, 2.0, 3.0]
+    # EMA with bias correction: 1; (0.5*0.5 + 0.5*3) / (1 - 0.25) = 7/3
+    assert plotting.smooth([1.0, 3.0], 0.5) == pytest.approx([1.0, 7.0 / 3.0])
+    with pytest.raises(ValueError, match="got 1.0"):
+        plotting.smooth([1.0], 1.0)
+    assert plotting.run_names(["/a/x/run", "/b/y/run", "/c/other"]) == ["x/run", "y/run", "c/other"]
+    assert plotting.run_names(["/a/grpo", "/a/rpg/"]) == ["grpo", "rpg"]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# bench-algos
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_drawdown_and_moving_average():
+    assert bench_algos.max_drawdown([0.1, 0.5, 0.2, 0.4, 0.1, 0.9]) == pytest.approx(0.4)
+    assert bench_algos.max_drawdown([0.1, 0.2, 0.3]) == 0.0
+    assert bench_algos.moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+
+
+def test_bench_arguments_presets_and_errors():
+    args = bench_algos.BenchAlgosArguments(quick=True, steps=5)
+    assert args.seeds == [0] and args.steps == 5 and args.sft_steps == 100
+    assert bench_algos.BenchAlgosArguments().seeds == [0, 1, 2]
+    with pytest.raises(ValueError, match="Unknown algorithm.*'PPO'"):
+        bench_algos.BenchAlgosArguments(algorithms=["PPO"])
+
+
+def test_bench_algos_quick(tmp_path, capsys):
+    output_dir = tmp_path / "bench"
+    assert cli.main(["bench-algos", "--quick", "--output-dir", str(output_dir)]) == 0
+    out = capsys.readouterr().out
+    table = (output_dir / "table.md").read_text()
+    assert table in out
+    for name in bench_algos.ALGORITHMS:
+        assert f"| {name} |" in table
+        assert (output_dir / "seed0" / name / "trainer_state.json").is_file()
+    report = json.loads((output_dir / "results.json").read_text())
+    assert len(report["runs"]) == len(bench_algos.ALGORITHMS)
+    assert all(0.0 <= run["last"] <= 1.0 and run["max_reward_drop"] >= 0.0 for run in report["runs"])
+    png = (output_dir / "bench_algos.png").read_bytes()
+    assert png.startswith(PNG_SIGNATURE) and len(png) > 10_000

@@ -61,8 +61,15 @@ ALGORITHMS = {
 }
 #: Full and ``--quick`` presets of the options left unset on the command line.
 PRESETS = {
-    "full": {"seeds": [0, 1, 2], "steps": 150, "sft_steps": 1500, "eval_every": 50, "eval_problems": 400},
-    "quick": {"seeds": [0], "steps": 8, "sft_steps": 100, "eval_every": 4, "eval_problems": 64},
+    "full": {
+        "seeds": [0, 1, 2],
+        "steps": 150,
+        "sft_steps": 1500,
+        "sft_extra_rounds": 3,
+        "eval_every": 50,
+        "eval_problems": 400,
+    },
+    "quick": {"seeds": [0], "steps": 8, "sft_steps": 100, "sft_extra_rounds": 0, "eval_every": 4, "eval_problems": 64},
 }
 #: Window (in generation batches) of the moving average of the reward before measuring its largest drop.
 REWARD_WINDOW = 5
@@ -81,6 +88,13 @@ class BenchAlgosArguments:
     steps: int | None = field(default=None, metadata={"help": "RL steps per run. Preset: 150 (--quick: 8)."})
     sft_steps: int | None = field(
         default=None, metadata={"help": "Warm-start steps per seed. Preset: 1500 (--quick: 100)."}
+    )
+    sft_extra_rounds: int | None = field(
+        default=None,
+        metadata={
+            "help": "Extra warm-start rounds while the model cannot add yet (see `rpg-trl demo`). Preset: 3 "
+            "(--quick: 0)."
+        },
     )
     algorithms: list[str] | None = field(
         default=None, metadata={"help": f"Methods to run, a subset of {list(ALGORITHMS)}. Default: all."}
@@ -112,8 +126,9 @@ class BenchAlgosArguments:
         for name in ("steps", "eval_every", "eval_problems", "eval_samples", "num_threads"):
             if getattr(self, name) < 1:
                 raise ValueError(f"`{name}` must be >= 1; got {getattr(self, name)!r}.")
-        if self.sft_steps < 0:
-            raise ValueError(f"`sft_steps` must be >= 0; got {self.sft_steps!r}.")
+        for name in ("sft_steps", "sft_extra_rounds"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"`{name}` must be >= 0; got {getattr(self, name)!r}.")
         if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
             raise ValueError(f"`learning_rate` must be a positive number; got {self.learning_rate!r}.")
 
@@ -162,6 +177,7 @@ def _warm_start(args: BenchAlgosArguments, seed: int, splits, directory: Path) -
     settings = {
         "seed": seed,
         "sft_steps": args.sft_steps,
+        "sft_extra_rounds": args.sft_extra_rounds,
         "model": DEMO_MODEL_KWARGS,
         "min_accuracy": WARM_START_MIN_ACCURACY,
         "label_noise": SFT_LABEL_NOISE,
@@ -173,7 +189,9 @@ def _warm_start(args: BenchAlgosArguments, seed: int, splits, directory: Path) -
             print(f"Reusing the warm start in {directory}")
             return saved["report"]
     print(f"Warm start of seed {seed}: {args.sft_steps} supervised steps")
-    _, _, report = warm_start(splits, str(directory), steps=args.sft_steps, seed=seed)
+    _, _, report = warm_start(
+        splits, str(directory), steps=args.sft_steps, seed=seed, extra_rounds=args.sft_extra_rounds
+    )
     marker.write_text(json.dumps({"settings": settings, "report": asdict(report)}, indent=2) + "\n")
     return asdict(report)
 

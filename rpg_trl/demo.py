@@ -123,9 +123,16 @@ class DemoArguments:
     sft_steps: int = field(
         default=1500,
         metadata={
-            "help": "Supervised warm-start steps (batch 32) of the first round; up to 3 rounds of 2/3 as many "
-            "follow while the model cannot add yet (see `warm_start`). Far fewer steps leave a model that cannot add "
-            "(useful only for smoke tests)."
+            "help": "Supervised warm-start steps (batch 32) of the first round; more rounds follow while the model "
+            "cannot add yet (see `sft_extra_rounds`). Far fewer steps leave a model that cannot add (useful only for "
+            "smoke tests)."
+        },
+    )
+    sft_extra_rounds: int = field(
+        default=WARM_START_EXTRA_ROUNDS,
+        metadata={
+            "help": "At most this many extra warm-start rounds (of 2/3 of `sft_steps` each) while the model cannot add "
+            "yet; 0 disables the readiness check's extension."
         },
     )
     divergence: str = field(
@@ -155,9 +162,17 @@ class DemoArguments:
     )
 
     def __post_init__(self):
-        for name in ("steps", "sft_steps", "eval_problems", "eval_samples", "eval_every", "num_threads"):
+        for name in (
+            "steps",
+            "sft_steps",
+            "sft_extra_rounds",
+            "eval_problems",
+            "eval_samples",
+            "eval_every",
+            "num_threads",
+        ):
             value = getattr(self, name)
-            minimum = 0 if name == "sft_steps" else 1
+            minimum = 0 if name in ("sft_steps", "sft_extra_rounds") else 1
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
                 raise ValueError(f"`{name}` must be an integer >= {minimum}; got {value!r}.")
         if not (isinstance(self.learning_rate, (int, float)) and math.isfinite(self.learning_rate)) or (
@@ -478,15 +493,18 @@ class WarmStartReport:
     check_accuracy: float | None
 
 
-def warm_start(splits: AdditionSplits, output_dir: str, *, steps: int, seed: int):
+def warm_start(
+    splits: AdditionSplits, output_dir: str, *, steps: int, seed: int, extra_rounds: int = WARM_START_EXTRA_ROUNDS
+):
     """
     Build the demo model, train it with [`~trl.SFTTrainer`] until it can add, and save it with its trainer state.
 
     A first round of `steps` supervised steps (cosine schedule) is followed by a readiness check: the greedy accuracy
     on [`WARM_START_CHECK_PROBLEMS`] problems the warm start never sees (the first ones of the RL pool; RL only trains
     on them afterwards). Learning to add is a phase transition whose time varies with the seed; while the accuracy is
-    below [`WARM_START_MIN_ACCURACY`], up to [`WARM_START_EXTRA_ROUNDS`] more rounds of ``2/3 · steps`` steps (a warm
-    restart of the schedule, new data order) follow. Most seeds stop after the first round.
+    below [`WARM_START_MIN_ACCURACY`], up to `extra_rounds` (default [`WARM_START_EXTRA_ROUNDS`]) more rounds of
+    ``2/3 · steps`` steps (a warm restart of the schedule, new data order) follow. Most seeds stop after the first
+    round.
 
     Returns:
         `(model, tokenizer, WarmStartReport)`.
@@ -501,7 +519,7 @@ def warm_start(splits: AdditionSplits, output_dir: str, *, steps: int, seed: int
     dataset = build_sft_dataset(splits.sft, seed)
     check = splits.rl[:WARM_START_CHECK_PROBLEMS]
     total, round_steps = 0, steps
-    for round_index in range(1 + WARM_START_EXTRA_ROUNDS):
+    for round_index in range(1 + extra_rounds):
         trainer = SFTTrainer(
             model=model,
             args=sft_config(output_dir, steps=round_steps, seed=seed + round_index),
@@ -512,7 +530,7 @@ def warm_start(splits: AdditionSplits, output_dir: str, *, steps: int, seed: int
         trainer.train()
         total += round_steps
         accuracy = heldout_accuracy(model, tokenizer, check, greedy=True)
-        if accuracy >= WARM_START_MIN_ACCURACY or round_index == WARM_START_EXTRA_ROUNDS:
+        if accuracy >= WARM_START_MIN_ACCURACY or round_index == extra_rounds:
             break
         round_steps = max(1, (2 * steps) // 3)
         print(
@@ -577,7 +595,9 @@ def _run_demo(args: DemoArguments) -> dict:
 
     print(f"[1/3] Supervised warm start: {args.sft_steps} steps on {len(splits.sft)} noisy additions (+ easy ones)")
     sft_start = time.perf_counter()
-    model, tokenizer, warm = warm_start(splits, str(output_dir / "sft"), steps=args.sft_steps, seed=args.seed)
+    model, tokenizer, warm = warm_start(
+        splits, str(output_dir / "sft"), steps=args.sft_steps, seed=args.seed, extra_rounds=args.sft_extra_rounds
+    )
     sft_seconds = time.perf_counter() - sft_start
 
     accuracy = heldout_accuracy_callback(
@@ -652,7 +672,6 @@ def _run_demo(args: DemoArguments) -> dict:
                 "label_noise": SFT_LABEL_NOISE,
                 "easy_fraction": SFT_EASY_FRACTION,
                 "min_check_accuracy": WARM_START_MIN_ACCURACY,
-                "max_extra_rounds": WARM_START_EXTRA_ROUNDS,
                 **{key: getattr(sft, key) for key in SUMMARY_SFT_CONFIG_KEYS},
             },
             "rl": {key: getattr(config, key) for key in SUMMARY_CONFIG_KEYS},

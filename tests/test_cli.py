@@ -204,7 +204,7 @@ def test_drawdown_and_moving_average():
 
 def test_bench_arguments_presets_and_errors():
     args = bench_algos.BenchAlgosArguments(quick=True, steps=5)
-    assert args.seeds == [0] and args.steps == 5 and args.sft_steps == 100
+    assert args.seeds == [0] and args.steps == 5 and args.sft_steps == 100 and args.sft_extra_rounds == 0
     assert bench_algos.BenchAlgosArguments().seeds == [0, 1, 2]
     with pytest.raises(ValueError, match="Unknown algorithm.*'PPO'"):
         bench_algos.BenchAlgosArguments(algorithms=["PPO"])

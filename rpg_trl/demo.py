@@ -33,6 +33,7 @@ rpg-trl demo --seed 1 --output_dir rpg_demo_seed1
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -327,11 +328,9 @@ def heldout_accuracy(model, tokenizer, pairs, *, num_samples: int = 4, greedy: b
     return sum(r or 0.0 for r in rewards) / len(rewards)
 
 
+@functools.cache
 def _callback_classes():
-    """The demo's trainer callbacks, defined on first use (importing `transformers` takes seconds)."""
-    global _CALLBACK_CLASSES
-    if _CALLBACK_CLASSES is not None:
-        return _CALLBACK_CLASSES
+    """The demo's trainer callbacks, defined on first use (importing `transformers.trainer` takes seconds)."""
     from transformers import ProgressCallback, TrainerCallback
 
     class HeldOutAccuracyCallback(TrainerCallback):
@@ -394,11 +393,7 @@ def _callback_classes():
                 self._show(state.log_history[-1])
             super().on_step_end(args, state, control, **kwargs)
 
-    _CALLBACK_CLASSES = HeldOutAccuracyCallback, TerseProgressCallback
-    return _CALLBACK_CLASSES
-
-
-_CALLBACK_CLASSES = None
+    return HeldOutAccuracyCallback, TerseProgressCallback
 
 
 def heldout_accuracy_callback(model, tokenizer, pairs, *, every: int, num_samples: int = 4, seed: int = 0):
@@ -430,11 +425,15 @@ CPU_TRAINING_KWARGS = {
 }
 
 
-def sft_config(output_dir: str, *, steps: int, seed: int):
-    """[`~trl.SFTConfig`] of the warm start: batch 32, AdamW at 5e-3 with cosine decay, weight decay 0.1."""
+def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False):
+    """
+    [`~trl.SFTConfig`] of the warm start: batch 32, AdamW at 5e-3 with cosine decay, weight decay 0.1. `prepared=True`
+    declares the dataset already tokenized by a previous `SFTTrainer` (TRL's `skip_prepare_dataset`).
+    """
     from trl import SFTConfig
 
     return SFTConfig(
+        dataset_kwargs={"skip_prepare_dataset": True} if prepared else None,
         output_dir=output_dir,
         max_steps=steps,
         per_device_train_batch_size=32,
@@ -522,12 +521,13 @@ def warm_start(
     for round_index in range(1 + extra_rounds):
         trainer = SFTTrainer(
             model=model,
-            args=sft_config(output_dir, steps=round_steps, seed=seed + round_index),
+            args=sft_config(output_dir, steps=round_steps, seed=seed + round_index, prepared=round_index > 0),
             train_dataset=dataset,
             processing_class=tokenizer,
         )
         use_terse_progress(trainer)
         trainer.train()
+        dataset = trainer.train_dataset  # tokenized, with labels: the next rounds skip the preparation
         total += round_steps
         accuracy = heldout_accuracy(model, tokenizer, check, greedy=True)
         if accuracy >= WARM_START_MIN_ACCURACY or round_index == extra_rounds:

@@ -6,7 +6,9 @@ Any [`~transformers.Trainer`] run that saved its state has its logged metrics in
 folder. [`plot_runs`] overlays several runs on a grid of panels against the optimizer step, one colour per run, in
 the style of Figure 4 of the paper (reward, entropy, response length, ...). The metric names are TRL's
 (``reward``, ``entropy``, ``kl``, ``clip_ratio/*``, ``completions/mean_length``); RPGTrainer logs the same names, so
-RPG and GRPO/DAPO runs compare directly. ``heldout/accuracy`` is the held-out accuracy logged by ``rpg-trl demo``.
+RPG and GRPO/DAPO runs compare directly (``kl`` is measured against each trainer's anchor: GRPO's reference model, or
+RPG's sampling policy with ``kl_anchor="sampling"``). ``heldout/accuracy`` is the held-out accuracy logged by
+``rpg-trl demo`` and ``rpg-trl bench-algos``.
 
 ```bash
 rpg-trl plot runs/grpo runs/rpg-reinforce-urkl -o curves.png
@@ -43,7 +45,7 @@ PANELS = (
         ylim=(0.0, 1.0),
     ),
     Panel("Entropy (nats / token)", ("entropy",)),
-    Panel("KL estimate", ("kl",)),
+    Panel("KL estimate (to each trainer's KL anchor)", ("kl",)),
     Panel(
         "Clip fraction (solid: any; dashed: low; dotted: high)",
         ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean"),

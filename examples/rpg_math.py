@@ -34,6 +34,7 @@ from rpg_trl.data import DAPO_MATH_17K_ID, load_dapo_math_17k
 from rpg_trl.dynamic_sampling import DynamicSamplingMixin
 from rpg_trl.losses import PAPER_NAMES
 from rpg_trl.rewards import accuracy_reward, format_reward, get_soft_overlong_punishment
+from rpg_trl.teardown import hold_process_group_until_exit
 
 from eval_math import load_eval_sets  # the sibling script: benchmarks by name ('aime24', ...) or files
 
@@ -198,6 +199,7 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
         eval_dataset=eval_dataset,
         peft_config=peft_config,
     )
+    hold_process_group_until_exit()  # gloo (CPU) runs: exit without a teardown deadlock; RPGTrainer does it too
     trainer.accelerator.print(
         f"Training {name} on {len(train_dataset)} problems with {trainer.accelerator.num_processes} process(es), "
         f"rewards {[f.__name__ for f in reward_funcs]}, dynamic sampling {'on' if args.dynamic_sampling else 'off'}."

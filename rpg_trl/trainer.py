@@ -15,6 +15,7 @@ from .dynamic_sampling import generate_with_dynamic_sampling
 from .losses import PAPER_NAMES, aggregate_loss, rpg_per_token_loss, summarize_stats
 from .resume import load_generation_state, save_generation_state
 from .safety import ImportanceWeightMonitor, RewardGuard, check_prompt_column, check_sequence_length
+from .teardown import hold_process_group_until_exit
 
 
 class RPGTrainer(GRPOTrainer):
@@ -76,6 +77,7 @@ class RPGTrainer(GRPOTrainer):
         #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
         self.ref_sync_callback = RefModelSyncCallback.install(self)
         self._check_datasets()  # a clear error now for a dataset without prompts, not a KeyError mid-training
+        hold_process_group_until_exit()  # a gloo group is destroyed at exit without PyTorch's teardown deadlock
 
     def _compute_loss(self, model, inputs):
         args: RPGConfig = self.args

@@ -186,21 +186,19 @@ def test_rpg_math_one_process_lora_with_periodic_eval(lora_run):
 def test_rpg_math_two_processes(assets):
     # `accelerate launch --cpu` starts one process unless MPI is set up; `--multi_gpu` wraps torchrun, and the
     # trainer (`--use_cpu`) then joins a gloo process group on CPU.
-    # Dynamic sampling is left out here: an end-to-end 2-process run with it hung intermittently (open issue); its
-    # multi-process logic is covered by tests/test_dynamic_sampling.py.
+    # With dynamic sampling (both processes take the same decisions from gathered rewards). This run used to train,
+    # save and then hang at exit about 1 time in 4: PyTorch's gloo teardown, now avoided by rpg_trl/teardown.py.
     output_dir = assets["root"] / "rpg-ddp"
     args = _train_args(
         assets, output_dir, "--per_device_train_batch_size", "4", "--divergence", "ufkl", "--estimator", "differentiable"
     )
-    i = args.index("--dynamic_sampling")
-    del args[i : i + 3]  # --dynamic_sampling --dynamic_sampling_max_rounds 3
     result = _launch(
         ["--multi_gpu", "--num_processes", "2", "--main_process_port", str(_free_port())], args, cwd=assets["root"]
     )
     assert "RPG-UFKL" in result.stdout and "with 2 process(es)" in result.stdout
     logs = _logged(result.stdout)
     assert sum("loss" in log for log in logs) == 2
-    assert not any("dynamic_sampling/kept_fraction" in log for log in logs)
+    assert any("dynamic_sampling/kept_fraction" in log for log in logs)
     assert (output_dir / "model.safetensors").is_file()
 
 

@@ -8,6 +8,7 @@ the model (Qwen3's RMSNorm and rotary embeddings compute in float32) bounds the 
 
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -99,3 +100,35 @@ def test_aggregations_really_differ(two_process_runs):
     losses = [_train_logs(two_process_runs[agg])[1]["loss"] for agg in AGGREGATIONS]
     assert all(math.isfinite(x) for x in losses)
     assert len({round(x, 6) for x in losses}) == 3, losses
+
+
+def _run_two_processes(cmd, env, cwd, timeout):
+    """(exit code, stderr) of a `torch.distributed.run` launch; exit code None if it hung (its ranks are killed)."""
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+        return proc.returncode, stderr
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, ""
+
+
+def test_gloo_runs_exit_cleanly(tmp_path):
+    # PyTorch's gloo teardown can deadlock or abort at exit (rpg_trl/teardown.py). Measured on a 2-core CPU with this
+    # worker: 13 of 30 `plain` runs failed (4 of 8 in a second check), 0 of 80 with the group held. With PyTorch's
+    # teardown, eight runs all pass with p ~ 0.6^8 < 2%.
+    worker = Path(__file__).with_name("_teardown_worker.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(worker.parent.parent), os.environ.get("PYTHONPATH", "")]))
+    failures = []
+    for run in range(8):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+        cmd += ["--master_port", str(_free_port()), str(worker), "hold"]
+        returncode, stderr = _run_two_processes(cmd, env, tmp_path, timeout=60)
+        if returncode != 0:
+            failures.append(
+                f"run {run}: " + ("hung" if returncode is None else f"exit code {returncode}\n{stderr[-1500:]}")
+            )
+    assert not failures, "\n".join(failures)

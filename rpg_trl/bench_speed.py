@@ -55,8 +55,10 @@ def make_fixed_rollout(completion_length: int, vocab_low: int, vocab_high: int, 
         seen: dict[str, int] = {}
         prompt_ids, completion_ids = [], []
         for prompt in prompts:
-            text = prompt if isinstance(prompt, str) else trainer.processing_class.apply_chat_template(
-                prompt, tokenize=False, add_generation_prompt=True
+            text = (
+                prompt
+                if isinstance(prompt, str)
+                else trainer.processing_class.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
             )
             k = seen.get(text, 0)
             seen[text] = k + 1
@@ -232,8 +234,11 @@ def _loss_only(opts) -> dict:
         ("rpg", RPGTrainer, RPGConfig, {"kl_anchor": "reference"}),
     ):
         trainer = trainer_cls(
-            model_dir, lambda completions, **kw: [0.0] * len(completions),
-            args=config_cls(**common, **extra), train_dataset=dataset, processing_class=tokenizer,
+            model_dir,
+            lambda completions, **kw: [0.0] * len(completions),
+            args=config_cls(**common, **extra),
+            train_dataset=dataset,
+            processing_class=tokenizer,
         )
         trainer.current_gradient_accumulation_steps = 1
         holder = {}
@@ -333,7 +338,11 @@ def run(opts) -> dict:
             f"| {name} | {s['step_time_s']:.4f} | {s['tokens_per_s']:.0f} | {_mib(s['peak_memory_bytes'])} | "
             f"{_mib(s['weights_in_memory_bytes'])} |"
         )
-    lines += ["", "| comparison | step time ratio | peak memory ratio | peak memory saved (MiB) |", "|---|---|---|---|"]
+    lines += [
+        "",
+        "| comparison | step time ratio | peak memory ratio | peak memory saved (MiB) |",
+        "|---|---|---|---|",
+    ]
     report["ratios"] = {}
     for label, num, den in COMPARISONS:
         t = summary[num]["step_time_s"] / summary[den]["step_time_s"]

@@ -190,9 +190,7 @@ def format_math_dataset(
             missing.append("a question column (one of 'problem', 'question', 'prompt')")
         if answer_column is None:
             missing.append("an answer column (one of 'answer', 'solution', 'reward_model')")
-        raise ValueError(
-            f"{source} has columns {columns} but is missing {' and '.join(missing)}. {_ACCEPTED_SCHEMAS}"
-        )
+        raise ValueError(f"{source} has columns {columns} but is missing {' and '.join(missing)}. {_ACCEPTED_SCHEMAS}")
 
     if max_samples is not None and not (deduplicate or english_only):
         dataset = dataset.select(range(min(max_samples, len(dataset))))

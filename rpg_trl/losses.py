@@ -97,8 +97,16 @@ def validate_rpg_hyperparameters(
     """
     try:
         _validate(
-            divergence, estimator, beta, clip, epsilon_low, epsilon_high, clip_c, aggregation,
-            importance_sampling_level, kl_importance_weight,
+            divergence,
+            estimator,
+            beta,
+            clip,
+            epsilon_low,
+            epsilon_high,
+            clip_c,
+            aggregation,
+            importance_sampling_level,
+            kl_importance_weight,
         )
     except ValueError as error:
         message = str(error)
@@ -110,7 +118,15 @@ def validate_rpg_hyperparameters(
 
 
 def _validate(
-    divergence, estimator, beta, clip, epsilon_low, epsilon_high, clip_c, aggregation, importance_sampling_level,
+    divergence,
+    estimator,
+    beta,
+    clip,
+    epsilon_low,
+    epsilon_high,
+    clip_c,
+    aggregation,
+    importance_sampling_level,
     kl_importance_weight,
 ) -> None:
     _check_choice("divergence", divergence, DIVERGENCES)
@@ -425,7 +441,9 @@ def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[
         mask = mask.to(stats["importance_weight"].dtype)
         active = mask > 0
         num_tokens = mask.sum()
-        region = torch.maximum(torch.maximum(stats["is_low_clipped"], stats["is_high_clipped"]), stats["is_dual_clipped"])
+        region = torch.maximum(
+            torch.maximum(stats["is_low_clipped"], stats["is_high_clipped"]), stats["is_dual_clipped"]
+        )
         keys = ("kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/dual_mean", "clip_ratio/region_mean")
         per_token = (stats["kl"], stats["is_low_clipped"], stats["is_high_clipped"], stats["is_dual_clipped"], region)
         w = stats["importance_weight"]

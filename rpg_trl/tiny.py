@@ -29,7 +29,9 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenize
     chars = sorted(set(alphabet) | set("QA:"))
     vocab = {PAD: 0, EOS: 1, **{c: i + 2 for i, c in enumerate(chars)}}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=None))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every character, newlines included
+    tok.pre_tokenizer = pre_tokenizers.Split(
+        Regex(r"[\s\S]"), behavior="isolated"
+    )  # every character, newlines included
     tok.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token=PAD, eos_token=EOS, padding_side="left", truncation_side="left"

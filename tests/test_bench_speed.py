@@ -26,7 +26,9 @@ def test_bench_speed_quick(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, "-m", "rpg_trl.bench_speed", "--quick", "--device", "cpu", "--output-json", str(out)],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(a) RPG sampling anchor vs GRPO beta>0" in proc.stdout

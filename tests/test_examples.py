@@ -190,7 +190,14 @@ def test_rpg_math_two_processes(assets):
     # save and then hang at exit about 1 time in 4: PyTorch's gloo teardown, now avoided by rpg_trl/teardown.py.
     output_dir = assets["root"] / "rpg-ddp"
     args = _train_args(
-        assets, output_dir, "--per_device_train_batch_size", "4", "--divergence", "ufkl", "--estimator", "differentiable"
+        assets,
+        output_dir,
+        "--per_device_train_batch_size",
+        "4",
+        "--divergence",
+        "ufkl",
+        "--estimator",
+        "differentiable",
     )
     result = _launch(
         ["--multi_gpu", "--num_processes", "2", "--main_process_port", str(_free_port())], args, cwd=assets["root"]

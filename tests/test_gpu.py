@@ -26,7 +26,11 @@ pytestmark = pytest.mark.gpu
 PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
 # ~0.5B parameters: 28 layers of hidden 1024, MLP 5120, 16 query / 4 key-value heads of 64.
 HALF_B = dict(
-    hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=4, intermediate_size=5120,
+    hidden_size=1024,
+    num_hidden_layers=28,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    intermediate_size=5120,
     max_position_embeddings=512,
 )
 
@@ -47,9 +51,20 @@ def half_b_model_dir(tmp_path_factory):
 
 def gpu_args(tmp_path, **overrides):
     args = dict(
-        output_dir=str(tmp_path), per_device_train_batch_size=16, num_generations=8, max_completion_length=16,
-        steps_per_generation=4, max_steps=8, learning_rate=1e-5, logging_steps=1, bf16=True,
-        gradient_checkpointing=True, report_to="none", save_strategy="no", disable_tqdm=True, seed=0,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=16,
+        num_generations=8,
+        max_completion_length=16,
+        steps_per_generation=4,
+        max_steps=8,
+        learning_rate=1e-5,
+        logging_steps=1,
+        bf16=True,
+        gradient_checkpointing=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
     )
     args.update(overrides)
     return RPGConfig(**args)
@@ -63,8 +78,9 @@ def logged(trainer, key):
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 def test_bf16_every_variant_finite_with_gradient_checkpointing(half_b_model_dir, tmp_path, divergence, estimator):
     args = gpu_args(tmp_path, divergence=divergence, estimator=estimator, beta=1e-3, max_steps=4)
-    trainer = RPGTrainer(half_b_model_dir, count_sevens, args=args, train_dataset=PROMPTS,
-                         processing_class=build_char_tokenizer())
+    trainer = RPGTrainer(
+        half_b_model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
+    )
     assert next(trainer.model.parameters()).is_cuda
     trainer.train()
     assert all(math.isfinite(x) for x in logged(trainer, "loss"))
@@ -73,8 +89,9 @@ def test_bf16_every_variant_finite_with_gradient_checkpointing(half_b_model_dir,
 
 def test_bf16_reward_rises(half_b_model_dir, tmp_path):
     args = gpu_args(tmp_path, max_steps=40, learning_rate=3e-5, logging_steps=4)
-    trainer = RPGTrainer(half_b_model_dir, count_sevens, args=args, train_dataset=PROMPTS,
-                         processing_class=build_char_tokenizer())
+    trainer = RPGTrainer(
+        half_b_model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
+    )
     trainer.train()
     rewards = logged(trainer, "reward")
     assert max(rewards[-3:]) > rewards[0] + 0.1, rewards
@@ -84,11 +101,19 @@ def test_lora_one_gpu_with_ref_adapter_sync(half_b_model_dir, tmp_path):
     from peft import LoraConfig
 
     args = gpu_args(
-        tmp_path, kl_anchor="reference", beta=1e-2, ref_model_sync_kl_threshold=1e-6, learning_rate=1e-3,
+        tmp_path,
+        kl_anchor="reference",
+        beta=1e-2,
+        ref_model_sync_kl_threshold=1e-6,
+        learning_rate=1e-3,
         max_steps=8,
     )
     trainer = RPGTrainer(
-        half_b_model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer(),
+        half_b_model_dir,
+        count_sevens,
+        args=args,
+        train_dataset=PROMPTS,
+        processing_class=build_char_tokenizer(),
         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
     )
     trainer.train()
@@ -129,8 +154,17 @@ def test_deepspeed_zero_single_process(half_b_model_dir, tmp_path, stage, anchor
     script.write_text(DEEPSPEED_SCRIPT)
     config = os.path.join(os.path.dirname(__file__), "..", "accelerate_configs", f"deepspeed_zero{stage}.yaml")
     cmd = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "1",
-        str(script), half_b_model_dir, str(tmp_path / "out"), anchor,
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        config,
+        "--num_processes",
+        "1",
+        str(script),
+        half_b_model_dir,
+        str(tmp_path / "out"),
+        anchor,
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -228,7 +228,15 @@ def test_sequence_level_importance_weight_is_geometric_mean():
     assert float(metrics["importance_weight/mean"]) == pytest.approx((seq_w[:, None] * mask).sum() / mask.sum())
     # The differentiable estimator gives the same gradient (token-mean, GSPO-style): Σ_t ∂(−s·A)/∂log π_k = −s·A.
     _, grad_d, _ = grad_of(
-        lp, old, None, adv, mask, importance_sampling_level="sequence", estimator="differentiable", beta=0.0, clip=False
+        lp,
+        old,
+        None,
+        adv,
+        mask,
+        importance_sampling_level="sequence",
+        estimator="differentiable",
+        beta=0.0,
+        clip=False,
     )
     np.testing.assert_allclose(grad_d, grad, rtol=1e-6)
 
@@ -320,8 +328,16 @@ def test_property_finite_for_any_finite_input(
     mask = (torch.rand(b, t, generator=g) > 0.3).float()
     adv = torch.randn(b, generator=g) * (1 + scale)
     loss, metrics = rpg_loss(
-        logps, old.to(dtype), adv, mask, ref_logps=ref, divergence=divergence, estimator=estimator, clip=clip,
-        beta=0.1, aggregation=aggregation,
+        logps,
+        old.to(dtype),
+        adv,
+        mask,
+        ref_logps=ref,
+        divergence=divergence,
+        estimator=estimator,
+        clip=clip,
+        beta=0.1,
+        aggregation=aggregation,
     )
     loss.backward()
     assert torch.isfinite(loss)

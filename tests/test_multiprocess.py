@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import _mp_worker
 from rpg_trl.losses import AGGREGATIONS
+
+import _mp_worker
 
 
 WORKER = Path(__file__).with_name("_mp_worker.py")

@@ -188,10 +188,20 @@ def test_soft_overlong_punishment_rejects_bad_arguments(max_completion_len, soft
 
 
 # Random text, and random strings of the tokens that drive answer extraction and LaTeX parsing.
-_TOKENS = (
-    ["Answer:", "answer :", "**", "\\boxed{", "\\frac", "\\sqrt", "\\text{", "\\infty", "\\(", "\\)", "\\", "$"]
-    + ["{", "}", "^", "_", "/", ".", ",", "=", "-", "(", ")", "[", "]", "\n", " ", "x", "1", "2", "42", "0.5"]
-)
+_TOKENS = [
+    "Answer:",
+    "answer :",
+    "**",
+    "\\boxed{",
+    "\\frac",
+    "\\sqrt",
+    "\\text{",
+    "\\infty",
+    "\\(",
+    "\\)",
+    "\\",
+    "$",
+] + ["{", "}", "^", "_", "/", ".", ",", "=", "-", "(", ")", "[", "]", "\n", " ", "x", "1", "2", "42", "0.5"]
 _TRICKY_TEXT = st.text() | st.lists(st.sampled_from(_TOKENS), max_size=40).map("".join)
 
 

@@ -91,8 +91,10 @@ def _fixed_inputs(trainer, batch_size=8, completion_len=6, seed=0):
         completion_mask[i, completion_len - (i % 4) :] = 0
     with torch.no_grad():
         logps, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, torch.cat([prompt_ids, completion_ids], 1),
-            torch.cat([torch.ones_like(prompt_ids), completion_mask], 1), completion_len,
+            trainer.model,
+            torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([torch.ones_like(prompt_ids), completion_mask], 1),
+            completion_len,
         )[:2]
     return {
         "prompt_ids": prompt_ids,
@@ -152,8 +154,14 @@ def test_matches_grpo_trainer_where_the_math_coincides(tiny_model_dir, tmp_path,
 def test_gradient_accumulation_8x1_equals_1x8(tiny_model_dir, tmp_path, aggregation):
     big = make_trainer(tiny_model_dir, tmp_path / "a", aggregation=aggregation, beta=0.1, kl_anchor="reference")
     small = make_trainer(
-        tiny_model_dir, tmp_path / "b", aggregation=aggregation, beta=0.1, kl_anchor="reference",
-        per_device_train_batch_size=1, gradient_accumulation_steps=8, num_generations=4,
+        tiny_model_dir,
+        tmp_path / "b",
+        aggregation=aggregation,
+        beta=0.1,
+        kl_anchor="reference",
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=8,
+        num_generations=4,
     )
     assert small.args.steps_per_generation == 8
     # float64: a float32 model's own backward differs by ~1e-3 between batch shapes, which would hide the loss's.
@@ -239,7 +247,7 @@ def test_model_card_names_rpg_and_cites_the_paper(tiny_model_dir, tmp_path):
     assert "2505.17508" in card and "rpg-reinforce-urkl" in card
 
 
-GRPO_USER_SCRIPT = '''
+GRPO_USER_SCRIPT = """
 from trl import GRPOConfig, GRPOTrainer
 
 def reward_len(completions, **kwargs):
@@ -253,11 +261,13 @@ trainer = GRPOTrainer(
     model=MODEL, reward_funcs=reward_len, args=training_args, train_dataset=DATASET
 )
 trainer.train()
-'''
+"""
 
 
 def test_a_grpo_user_script_runs_with_only_the_class_names_swapped(tiny_model_dir, tmp_path):
-    script = GRPO_USER_SCRIPT.replace("from trl import GRPOConfig, GRPOTrainer", "from rpg_trl import RPGConfig, RPGTrainer")
+    script = GRPO_USER_SCRIPT.replace(
+        "from trl import GRPOConfig, GRPOTrainer", "from rpg_trl import RPGConfig, RPGTrainer"
+    )
     script = script.replace("GRPOConfig(", "RPGConfig(").replace("GRPOTrainer(", "RPGTrainer(")
     namespace = dict(OUTPUT_DIR=str(tmp_path), MODEL=tiny_model_dir, DATASET=PROMPTS)
     exec(compile(script, "user_script.py", "exec"), namespace)

@@ -119,8 +119,8 @@ def _run_two_processes(cmd, env, cwd, timeout):
 
 def test_gloo_runs_exit_cleanly(tmp_path):
     # PyTorch's gloo teardown can deadlock or abort at exit (rpg_trl/teardown.py). Measured on a 2-core CPU with this
-    # worker: 13 of 30 `plain` runs failed (4 of 8 in a second check), 0 of 80 with the group held. With PyTorch's
-    # teardown, eight runs all pass with p ~ 0.6^8 < 2%.
+    # worker: 10 of 30 `plain` runs failed (13 of 30 and 4 of 8 in earlier checks), 0 of 30 with the group held. With
+    # PyTorch's teardown, eight runs all pass with p ~ (2/3)^8 < 4%.
     worker = Path(__file__).with_name("_teardown_worker.py")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(worker.parent.parent), os.environ.get("PYTHONPATH", "")]))
     failures = []

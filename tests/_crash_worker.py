@@ -19,14 +19,14 @@ import signal
 import sys
 
 import torch
-from datasets import Dataset
 from transformers import TrainerCallback
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.tiny import build_char_tokenizer
 
+from _tiny_runs import PROMPTS, quiet_cpu_args
 
-PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
+
 MAX_STEPS = 7
 SAVE_STEPS = 2
 
@@ -43,24 +43,21 @@ def digit_reward(completions, **kwargs):
 
 def make_config(output_dir, scenario: str) -> RPGConfig:
     return RPGConfig(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        steps_per_generation=3,
-        max_steps=MAX_STEPS,
-        save_strategy="steps",
-        save_steps=SAVE_STEPS,
-        logging_steps=1,
-        learning_rate=5e-2,
-        warmup_steps=2,
-        lr_scheduler_type="linear",
-        beta=0.05,
-        seed=0,
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-        **SCENARIOS[scenario],
+        **quiet_cpu_args(
+            output_dir,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=8,
+            steps_per_generation=3,
+            max_steps=MAX_STEPS,
+            save_strategy="steps",
+            save_steps=SAVE_STEPS,
+            learning_rate=5e-2,
+            warmup_steps=2,
+            lr_scheduler_type="linear",
+            beta=0.05,
+            **SCENARIOS[scenario],
+        )
     )
 
 

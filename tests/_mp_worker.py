@@ -17,7 +17,6 @@ import zlib
 
 import torch
 import torch.distributed as dist
-from datasets import Dataset
 from transformers import Qwen3ForCausalLM
 
 from rpg_trl import RPGConfig, RPGTrainer
@@ -25,9 +24,10 @@ from rpg_trl.bench_speed import make_fixed_rollout
 from rpg_trl.losses import AGGREGATIONS
 from rpg_trl.tiny import build_char_tokenizer
 
+from _tiny_runs import PROMPTS, quiet_cpu_args
+
 
 GLOBAL_BATCH = 8
-PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
 
 
 def make_rollout(tokenizer):
@@ -57,25 +57,21 @@ def run(model_dir, output_dir, aggregation: str, world_size: int) -> dict:
 
     tokenizer = build_char_tokenizer()
     args = RPGConfig(
-        output_dir=str(output_dir),
-        aggregation=aggregation,
-        per_device_train_batch_size=GLOBAL_BATCH // world_size,
-        num_generations=4,
-        max_completion_length=8,
-        steps_per_generation=1,
-        num_iterations=2,
-        max_steps=2,
-        optim="sgd",
-        learning_rate=2.0,
-        lr_scheduler_type="constant",
-        max_grad_norm=0.0,
-        beta=0.1,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        use_cpu=True,
-        disable_tqdm=True,
-        seed=0,
+        **quiet_cpu_args(
+            output_dir,
+            aggregation=aggregation,
+            per_device_train_batch_size=GLOBAL_BATCH // world_size,
+            num_generations=4,
+            max_completion_length=8,
+            steps_per_generation=1,
+            num_iterations=2,
+            max_steps=2,
+            optim="sgd",
+            learning_rate=2.0,
+            lr_scheduler_type="constant",
+            max_grad_norm=0.0,
+            beta=0.1,
+        )
     )
     model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
     trainer = RPGTrainer(

@@ -17,11 +17,12 @@ import os
 import sys
 
 import torch
-from datasets import Dataset
 from transformers import TrainerCallback
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.tiny import build_char_tokenizer
+
+from _tiny_runs import PROMPTS, quiet_cpu_args
 
 
 def digit_fraction(completions, **kwargs):
@@ -43,26 +44,21 @@ class PolicyAtSync(TrainerCallback):
 
 def main(model_dir: str, out_dir: str) -> None:
     args = RPGConfig(
-        output_dir=out_dir,
-        kl_anchor="reference",
-        beta=0.05,
-        learning_rate=5e-2,
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=8,
-        max_steps=6,
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
-        ref_model_sync_kl_threshold=0.02,
-        ref_model_sync_kl_ema=0.0,
+        **quiet_cpu_args(
+            out_dir,
+            kl_anchor="reference",
+            beta=0.05,
+            learning_rate=5e-2,
+            per_device_train_batch_size=4,
+            num_generations=4,
+            max_completion_length=8,
+            max_steps=6,
+            ref_model_sync_kl_threshold=0.02,
+            ref_model_sync_kl_ema=0.0,
+        )
     )
-    prompts = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
     trainer = RPGTrainer(
-        model_dir, digit_fraction, args=args, train_dataset=prompts, processing_class=build_char_tokenizer()
+        model_dir, digit_fraction, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
     )
     if trainer.accelerator.process_index == 1:
         # As if its reduction disagreed (KL + 1 > κ at every step): only the broadcast decision keeps it in step.

@@ -10,7 +10,6 @@ import sys
 
 import pytest
 import torch
-from datasets import Dataset
 from transformers import TrainerCallback
 from trl.trainer.callbacks import SyncRefModelCallback
 
@@ -18,8 +17,9 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.callbacks import REF_ADAPTER, REFERENCE_FILE, RefModelSyncCallback
 from rpg_trl.tiny import build_char_tokenizer
 
+from _tiny_runs import PROMPTS, quiet_cpu_args
 
-PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
+
 TWO_PROC_SCRIPT = os.path.join(os.path.dirname(__file__), "_sync_two_proc.py")
 
 
@@ -29,8 +29,7 @@ def digit_fraction(completions, **kwargs):
 
 
 def make_trainer(model_dir, out, peft_config=None, **overrides):
-    args = {
-        "output_dir": str(out),
+    defaults = {
         "kl_anchor": "reference",
         "beta": 0.05,
         "learning_rate": 5e-2,
@@ -38,15 +37,9 @@ def make_trainer(model_dir, out, peft_config=None, **overrides):
         "num_generations": 4,
         "max_completion_length": 8,
         "max_steps": 6,
-        "logging_steps": 1,
-        "report_to": "none",
-        "use_cpu": True,
-        "save_strategy": "no",
-        "disable_tqdm": True,
-        "seed": 0,
         "ref_model_sync_kl_ema": 0.0,
     }
-    args.update(overrides)
+    args = quiet_cpu_args(out, **{**defaults, **overrides})
     return RPGTrainer(
         model_dir,
         digit_fraction,

@@ -23,6 +23,8 @@ from rpg_trl.dynamic_sampling import (
 )
 from rpg_trl.tiny import build_char_tokenizer
 
+from _tiny_runs import PROMPTS, quiet_cpu_args
+
 
 NAN = float("nan")
 
@@ -269,7 +271,6 @@ def test_config_validation():
 
 
 # -------------------------------------------------------------------------------------------------------- end to end
-PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
 
 
 def sevens_unless_even(completions, prompts, **kwargs):
@@ -288,22 +289,18 @@ class RecordingRPGTrainer(RPGTrainer):
 def test_tiny_training_run_sees_only_groups_with_signal(tiny_model_dir, tmp_path):
     tokenizer = build_char_tokenizer()
     args = RPGConfig(
-        output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        steps_per_generation=2,
-        max_completion_length=8,
-        max_steps=4,
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        gradient_checkpointing=False,
-        learning_rate=1e-2,
-        seed=0,
-        dynamic_sampling=True,
-        dynamic_sampling_max_rounds=8,
+        **quiet_cpu_args(
+            tmp_path,
+            per_device_train_batch_size=8,
+            num_generations=4,
+            steps_per_generation=2,
+            max_completion_length=8,
+            max_steps=4,
+            gradient_checkpointing=False,
+            learning_rate=1e-2,
+            dynamic_sampling=True,
+            dynamic_sampling_max_rounds=8,
+        )
     )
     trainer = RecordingRPGTrainer(
         tiny_model_dir, sevens_unless_even, args=args, train_dataset=PROMPTS, processing_class=tokenizer
@@ -333,15 +330,11 @@ def test_tiny_training_run_sees_only_groups_with_signal(tiny_model_dir, tmp_path
 
 def test_unknown_metric_name_is_reported(tiny_model_dir, tmp_path):
     args = RPGConfig(
-        output_dir=str(tmp_path),
+        **quiet_cpu_args(tmp_path),
         per_device_train_batch_size=8,
         num_generations=4,
         max_completion_length=4,
         max_steps=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
         gradient_checkpointing=False,
         dynamic_sampling=True,
         dynamic_sampling_metric="accuracy",

@@ -14,16 +14,16 @@ import textwrap
 
 import pytest
 import torch
-from datasets import Dataset
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_trl.tiny import build_char_tokenizer, save_tiny_model
 
+from _tiny_runs import PROMPTS
+
 
 pytestmark = pytest.mark.gpu
 
-PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
 # ~0.5B parameters: 28 layers of hidden 1024, MLP 5120, 16 query / 4 key-value heads of 64.
 HALF_B = dict(
     hidden_size=1024,

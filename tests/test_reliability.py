@@ -31,6 +31,7 @@ from rpg_trl.safety import RewardFunctionError, RewardGuard
 from rpg_trl.tiny import build_char_tokenizer
 
 import _crash_worker
+from _tiny_runs import quiet_cpu_args
 
 
 TOKENIZER = build_char_tokenizer()
@@ -43,23 +44,15 @@ def digit_reward(completions, **kwargs):
 
 
 def make_args(tmp_path, **overrides):
-    args = dict(
-        output_dir=str(tmp_path),
+    defaults = dict(
         per_device_train_batch_size=8,
         num_generations=4,
         max_completion_length=COMPLETION_LENGTH,
         max_steps=2,
         steps_per_generation=2,
-        logging_steps=1,
         learning_rate=1e-2,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
-        seed=0,
     )
-    args.update(overrides)
-    return RPGConfig(**args)
+    return RPGConfig(**quiet_cpu_args(tmp_path, **{**defaults, **overrides}))
 
 
 def make_trainer(model_dir, tmp_path, reward=digit_reward, dataset=None, rollout="fixed", **overrides):

@@ -4,15 +4,13 @@ import math
 
 import pytest
 import torch
-from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_trl.tiny import build_char_tokenizer
 
-
-PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
+from _tiny_runs import PROMPTS, quiet_cpu_args
 
 
 def count_sevens(completions, **kwargs):
@@ -21,23 +19,15 @@ def count_sevens(completions, **kwargs):
 
 
 def common_args(tmp_path, **overrides):
-    args = dict(
-        output_dir=str(tmp_path),
+    defaults = dict(
         per_device_train_batch_size=8,
         num_generations=4,
         max_completion_length=8,
         max_steps=2,
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        save_strategy="no",
-        disable_tqdm=True,
         gradient_checkpointing=False,
         learning_rate=1e-2,
-        seed=0,
     )
-    args.update(overrides)
-    return args
+    return quiet_cpu_args(tmp_path, **{**defaults, **overrides})
 
 
 def make_trainer(model_dir, tmp_path, trainer_cls=RPGTrainer, config_cls=RPGConfig, reward=count_sevens, **overrides):

@@ -20,3 +20,17 @@ def quiet_cpu_args(output_dir, **overrides) -> dict:
         "seed": 0,
         **overrides,
     }
+
+
+def tiny_run_args(output_dir, **overrides) -> dict:
+    """[`quiet_cpu_args`] of a 2-step run on the tiny Qwen3: 2 groups of 4 completions of 8 tokens per step,
+    learning rate 1e-2, no gradient checkpointing; `overrides` add to or replace them."""
+    defaults = dict(
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=8,
+        max_steps=2,
+        gradient_checkpointing=False,
+        learning_rate=1e-2,
+    )
+    return quiet_cpu_args(output_dir, **{**defaults, **overrides})

@@ -23,7 +23,7 @@ from rpg_trl.dynamic_sampling import (
 )
 from rpg_trl.tiny import build_char_tokenizer
 
-from _tiny_runs import PROMPTS, quiet_cpu_args
+from _tiny_runs import PROMPTS, tiny_run_args
 
 
 NAN = float("nan")
@@ -289,17 +289,8 @@ class RecordingRPGTrainer(RPGTrainer):
 def test_tiny_training_run_sees_only_groups_with_signal(tiny_model_dir, tmp_path):
     tokenizer = build_char_tokenizer()
     args = RPGConfig(
-        **quiet_cpu_args(
-            tmp_path,
-            per_device_train_batch_size=8,
-            num_generations=4,
-            steps_per_generation=2,
-            max_completion_length=8,
-            max_steps=4,
-            gradient_checkpointing=False,
-            learning_rate=1e-2,
-            dynamic_sampling=True,
-            dynamic_sampling_max_rounds=8,
+        **tiny_run_args(
+            tmp_path, steps_per_generation=2, max_steps=4, dynamic_sampling=True, dynamic_sampling_max_rounds=8
         )
     )
     trainer = RecordingRPGTrainer(
@@ -330,14 +321,9 @@ def test_tiny_training_run_sees_only_groups_with_signal(tiny_model_dir, tmp_path
 
 def test_unknown_metric_name_is_reported(tiny_model_dir, tmp_path):
     args = RPGConfig(
-        **quiet_cpu_args(tmp_path),
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=4,
-        max_steps=1,
-        gradient_checkpointing=False,
-        dynamic_sampling=True,
-        dynamic_sampling_metric="accuracy",
+        **tiny_run_args(
+            tmp_path, max_completion_length=4, max_steps=1, dynamic_sampling=True, dynamic_sampling_metric="accuracy"
+        )
     )
     trainer = RPGTrainer(
         tiny_model_dir, sevens_unless_even, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()

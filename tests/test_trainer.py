@@ -10,7 +10,7 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_trl.tiny import build_char_tokenizer
 
-from _tiny_runs import PROMPTS, quiet_cpu_args
+from _tiny_runs import PROMPTS, tiny_run_args
 
 
 def count_sevens(completions, **kwargs):
@@ -18,20 +18,8 @@ def count_sevens(completions, **kwargs):
     return [c.count("7") / 8 for c in completions]
 
 
-def common_args(tmp_path, **overrides):
-    defaults = dict(
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
-        max_steps=2,
-        gradient_checkpointing=False,
-        learning_rate=1e-2,
-    )
-    return quiet_cpu_args(tmp_path, **{**defaults, **overrides})
-
-
 def make_trainer(model_dir, tmp_path, trainer_cls=RPGTrainer, config_cls=RPGConfig, reward=count_sevens, **overrides):
-    args = config_cls(**common_args(tmp_path, **overrides))
+    args = config_cls(**tiny_run_args(tmp_path, **overrides))
     return trainer_cls(model_dir, reward, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer())
 
 
@@ -176,7 +164,7 @@ def test_gradient_accumulation_8x1_equals_1x8(tiny_model_dir, tmp_path, aggregat
 def test_lora_trains_adapter_and_leaves_base_untouched(tiny_model_dir, tmp_path):
     from peft import LoraConfig
 
-    args = RPGConfig(**common_args(tmp_path, steps_per_generation=2, max_steps=3))
+    args = RPGConfig(**tiny_run_args(tmp_path, steps_per_generation=2, max_steps=3))
     trainer = RPGTrainer(
         tiny_model_dir,
         count_sevens,
@@ -197,7 +185,7 @@ def test_lora_trains_adapter_and_leaves_base_untouched(tiny_model_dir, tmp_path)
 
 def test_grpo_config_is_refused_with_a_clear_message(tiny_model_dir, tmp_path):
     with pytest.raises(TypeError, match="RPGConfig"):
-        RPGTrainer(tiny_model_dir, count_sevens, args=GRPOConfig(**common_args(tmp_path)), train_dataset=PROMPTS)
+        RPGTrainer(tiny_model_dir, count_sevens, args=GRPOConfig(**tiny_run_args(tmp_path)), train_dataset=PROMPTS)
 
 
 def test_paper_defaults():

@@ -141,24 +141,58 @@ def test_dual_clip_regions_reward_term(estimator):
 
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_dual_clip_with_kl_interior_exact_and_kl_kept_outside(divergence, estimator):
+def test_dual_clip_with_kl_interior_exact_and_kl_at_the_clipped_weight_outside(divergence, estimator):
     lp, old, adv, mask, w, active = _clip_inputs()
     _, grad, _ = grad_of(lp, old, None, adv, mask, divergence=divergence, estimator=estimator, beta=BETA, clip=True)
     n = mask.sum()
     full_w = closed_form_W(divergence, lp, old, None, adv, BETA)[:, 0]
-    kl_only_w = closed_form_W(divergence, lp, old, None, np.zeros_like(adv), BETA)[:, 0]
     interior = (w >= 0.8) & (w <= 1.28)
     np.testing.assert_allclose(grad[interior, 0], -full_w[interior] / n, rtol=1e-6)
-    clipped = ~active
-    if estimator == "differentiable":
-        # The KL surrogate is outside the clip: its gradient uses the true weight w.
-        expected_kl = -kl_only_w[clipped] / n
-    else:
-        # Remark F.2: inside SG(·) the KL component uses w̄ = clip(w, 1 - eps_low, 1 + eps_high).
-        w_bar = np.clip(w, 0.8, 1.28)
-        lp_bar = old[:, 0] + np.log(w_bar)
-        expected_kl = -closed_form_W(divergence, lp_bar[:, None], old, None, np.zeros_like(adv), BETA)[clipped, 0] / n
-    np.testing.assert_allclose(grad[clipped, 0], expected_kl, rtol=1e-6, atol=1e-12)
+    # Outside the trust region, for both estimators: W = [w·A if the reward term is active] − β·K(w̄), with
+    # w̄ = clip(w, 1 - eps_low, 1 + eps_high) (Remark F.2; Algorithm 1 keeps the KL inside the clipped advantage).
+    w_bar = np.clip(w, 0.8, 1.28)
+    lp_bar = old[:, 0] + np.log(w_bar)
+    kl_part = closed_form_W(divergence, lp_bar[:, None], old, None, np.zeros_like(adv), BETA)[:, 0]
+    expected = -(np.where(active, w * adv, 0.0) + kl_part) / n
+    outside = ~interior
+    np.testing.assert_allclose(grad[outside, 0], expected[outside], rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_clipped_kl_with_a_separate_reference_and_both_estimators_agree_everywhere(divergence):
+    # Log-ratios up to ±2.5 put many tokens outside the trust region; r != 1 (separate reference).
+    lp, old, ref, adv, mask = make_inputs(seed=7, spread=2.5, with_ref=True)
+    kwargs = dict(divergence=divergence, beta=BETA, clip=True)
+    _, g_diff, _ = grad_of(lp, old, ref, adv, mask, estimator="differentiable", **kwargs)
+    _, g_rf, _ = grad_of(lp, old, ref, adv, mask, estimator="reinforce", **kwargs)
+    w = np.exp(lp - old)
+    a = adv[:, None] * np.ones_like(w)
+    active = np.where(a > 0, w <= 1.28, (w >= 0.8) & (w <= 10.0))
+    lp_bar = old + np.log(np.clip(w, 0.8, 1.28))
+    kl_part = closed_form_W(divergence, lp_bar, old, ref, np.zeros_like(adv), BETA)
+    expected = -mask * (np.where(active, w * a, 0.0) + kl_part) / mask.sum()
+    assert ((w < 0.8) | (w > 1.28))[mask > 0].sum() >= 5  # the case under test is present
+    np.testing.assert_allclose(g_diff, expected, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(g_rf, expected, rtol=1e-6, atol=1e-12)
+
+
+def test_kl_gradient_is_bounded_far_outside_the_trust_region():
+    # One token at log w = 10, A = 0: with the KL at w̄ = 1.28 its weight is β·1.28·log 1.28 (URKL), not β·e^10·10.
+    beta = 1e-4
+    old = np.array([[-3.0]])
+    lp = old + 10.0
+    for estimator in ESTIMATORS:
+        _, grad, _ = grad_of(lp, old, None, np.zeros(1), np.ones((1, 1)), estimator=estimator, beta=beta, clip=True)
+        assert grad[0, 0] == pytest.approx(beta * 1.28 * math.log(1.28), rel=1e-6)
+
+
+def test_differentiable_loss_value_keeps_the_importance_weighted_kl_estimate_when_clipped():
+    # The straight-through KL term changes the gradient only: the loss value is −clip-surrogate + β·S(w).
+    lp, old, adv, mask, w, _ = _clip_inputs()
+    loss, _, metrics = grad_of(lp, old, None, np.zeros_like(adv), mask, estimator="differentiable", beta=BETA)
+    s = w * np.log(w) - w + 1.0  # URKL estimate at the true weight
+    assert float(loss.detach()) == pytest.approx(BETA * s.mean(), rel=1e-9)
+    assert float(metrics["kl"]) == pytest.approx(s.mean(), rel=1e-9)
 
 
 def test_clip_off_keeps_every_reward_gradient():

@@ -1,42 +1,51 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Iterative reference updates (RPG_SPEC §5): re-sync π_ref ← π_θ when the KL to π_ref drifts past κ.
+"""Iterative reference updates (the paper, Sec. 5): re-sync π_ref ← π_θ when the KL to π_ref drifts past κ.
 
 The paper's runs anchor the KL to the sampling policy, which moves every generation (`kl_anchor="sampling"`). With a
 separate reference (`kl_anchor="reference"`), [`RefModelSyncCallback`] keeps the reference close to the policy: it
 tracks an exponential moving average of the token KL between π_θ and π_ref that the trainer already computes on its
 training batches (reduced over all processes), and sets `π_ref ← α·π_θ + (1 − α)·π_ref` when that average exceeds
-`ref_model_sync_kl_threshold` (κ) and/or every `ref_model_sync_steps` steps (TRL's TR-DPO option). It syncs a full
-reference model (plain, DDP, DeepSpeed ZeRO-2/3 through TRL's `SyncRefModelCallback.sync_target_model`, FSDP) or,
-with PEFT, the frozen "ref" adapter (a copy of the trained adapter; no second base model is held).
+`ref_model_sync_kl_threshold` (κ) and/or every `ref_model_sync_steps` steps (TRL's TR-DPO option).
+
+The callback only joins two parts: [`rpg_trl.ref_sync.trigger.SyncTrigger`] decides when to sync (testable without a
+trainer) and [`rpg_trl.ref_sync.weights`] moves, saves and restores the weights on each backend (plain, DDP, DeepSpeed
+ZeRO-2/3 one parameter pair at a time, FSDP) or, with PEFT, the frozen "ref" adapter (a copy of the trained adapter;
+no second base model is held).
 """
 
 from __future__ import annotations
 
-import math
 import os
-from contextlib import nullcontext
 
-import torch
-from accelerate.utils import broadcast
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
-from trl.distributed import DistributedBackend
 from trl.trainer.callbacks import SyncRefModelCallback
 
+from .ref_sync import weights
+from .ref_sync.trigger import SyncTrigger, broadcast_from_main
+from .ref_sync.weights import REF_ADAPTER, REFERENCE_FILE
+
+
+__all__ = ["REFERENCE_FILE", "REF_ADAPTER", "RefModelSyncCallback"]
 
 logger = logging.get_logger(__name__)
 
-#: Name of the PEFT adapter that serves as the reference (the name TRL's GRPOTrainer looks for).
-REF_ADAPTER = "ref"
-#: File, inside each checkpoint folder, holding the synced reference (full model parameters or "ref" adapter).
-REFERENCE_FILE = "rpg_reference.safetensors"
+
+def _trigger_attribute(name: str, doc: str) -> property:
+    """An attribute of the callback kept by its trigger (so that `transformers`, which restores a callback's exported
+    state with `setattr`, and user code read and write the trigger's)."""
+
+    def set_value(self, value):
+        setattr(self.trigger, name, value)
+
+    return property(lambda self: getattr(self.trigger, name), set_value, doc=doc)
 
 
 class RefModelSyncCallback(TrainerCallback, ExportableState):
     r"""
     Moves the KL anchor π_ref to the policy π_θ during training (the separate-reference variant of the paper's
-    "iterative reference update", Sec. 5; RPG_SPEC §5).
+    "iterative reference update", Sec. 5).
 
     After every optimizer step the token KL between π_θ and π_ref measured on that step's training batches (the
     trainer's `kl` metric: the divergence the user chose, token-weighted over the gradient-accumulation micro-batches
@@ -45,11 +54,13 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
     have passed since the previous sync, and only where the next step generates (and scores with π_ref) a fresh batch,
     so that buffered batches never mix two references. Every process takes the decision of the main process. The
     moving average restarts after a sync, so `ref/kl` (logged: the moving average at that step) drops after each sync;
-    `ref/syncs` counts the syncs.
+    `ref/syncs` counts the syncs. The decision is [`~rpg_trl.ref_sync.trigger.SyncTrigger`]'s (`self.trigger`); the
+    weights move with [`rpg_trl.ref_sync.weights`].
 
     The state (moving average, last sync step, number and steps of the syncs) is exported to each checkpoint's
-    `trainer_state.json`; [`save_reference`] and [`load_checkpoint`] save and restore the synced reference weights.
-    [`~rpg_trl.RPGTrainer`] installs the callback (see [`install`]), feeds it the KL and calls both.
+    `trainer_state.json`; [`save_checkpoint`] and [`load_checkpoint`] save and restore the synced reference weights
+    (`rpg_reference.safetensors`). [`~rpg_trl.RPGTrainer`] installs the callback (see [`install`]), feeds it the KL
+    and calls both.
 
     Args:
         trainer ([`~rpg_trl.RPGTrainer`], *optional*):
@@ -65,6 +76,14 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
             α ∈ (0, 1]: weight of the policy in a sync. 1 copies the policy.
     """
 
+    kl_threshold = _trigger_attribute("kl_threshold", "κ (see `SyncTrigger`).")
+    kl_ema = _trigger_attribute("kl_ema", "γ (see `SyncTrigger`).")
+    sync_steps = _trigger_attribute("sync_steps", "Periodic trigger (see `SyncTrigger`).")
+    kl_moving_average = _trigger_attribute("kl_moving_average", "Moving average of the token KL since the last sync.")
+    last_sync_step = _trigger_attribute("last_sync_step", "Optimizer step of the last sync.")
+    num_syncs = _trigger_attribute("num_syncs", "Number of syncs so far.")
+    sync_history = _trigger_attribute("sync_history", "Optimizer steps of the syncs.")
+
     def __init__(
         self,
         trainer=None,
@@ -73,26 +92,10 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         sync_steps: int | None = None,
         mixup_alpha: float = 1.0,
     ):
-        if kl_threshold is not None and not kl_threshold > 0:
-            raise ValueError(f"`kl_threshold` (κ) must be > 0 or None; got {kl_threshold}.")
-        if not 0.0 <= kl_ema < 1.0:
-            raise ValueError(f"`kl_ema` must be in [0, 1); got {kl_ema}.")
-        if sync_steps is not None and sync_steps < 1:
-            raise ValueError(f"`sync_steps` must be >= 1 or None; got {sync_steps}.")
+        self.trigger = SyncTrigger(kl_threshold=kl_threshold, kl_ema=kl_ema, sync_steps=sync_steps)
         if not 0.0 < mixup_alpha <= 1.0:
             raise ValueError(f"`mixup_alpha` must be in (0, 1]; got {mixup_alpha}.")
-        self.kl_threshold = kl_threshold
-        self.kl_ema = kl_ema
-        self.sync_steps = sync_steps
         self.mixup_alpha = mixup_alpha
-        # Exported state (`state()`), restored on resume.
-        self.kl_moving_average: float | None = None
-        self.last_sync_step = 0
-        self.num_syncs = 0
-        self.sync_history: list[int] = []
-        # Token-weighted KL of the optimizer step in progress (global sums, identical on every process).
-        self._kl_sum = 0.0
-        self._kl_tokens = 0.0
         self._reference_restored = False
         self._warned_nothing_to_sync = False
         self.trainer = None
@@ -133,9 +136,9 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         self.trainer = trainer
         trainer.ref_sync_callback = self
         if self.has_reference():
-            peft_model = self._peft_model()
+            peft_model = weights.peft_model_of(trainer)
             if peft_model is not None and REF_ADAPTER not in peft_model.peft_config:
-                self._add_ref_adapter(peft_model)
+                weights.add_ref_adapter(trainer, peft_model)
 
     def has_reference(self) -> bool:
         """Whether there is a reference to sync; says once (warning) when there is none."""
@@ -146,7 +149,7 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
                 "kl_anchor='sampling' anchors the KL to the policy that sampled each batch, which moves every "
                 "generation already (the paper's iterative reference update)"
             )
-        elif trainer.ref_model is None and self._peft_model() is None:
+        elif trainer.ref_model is None and weights.peft_model_of(trainer) is None:
             reason = "the trainer holds no reference model (beta == 0)"
         if reason is None:
             return True
@@ -155,45 +158,11 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
             self._warned_nothing_to_sync = True
         return False
 
-    def _peft_model(self):
-        from accelerate.utils import is_peft_model
-
-        model = self.trainer.accelerator.unwrap_model(self.trainer.model)
-        return model if is_peft_model(model) else None
-
-    def _add_ref_adapter(self, peft_model) -> None:
-        import peft
-        from packaging.version import Version
-
-        trained = peft_model.active_adapter
-        config = peft_model.peft_config[trained]
-        if getattr(config, "target_parameters", None) and Version(peft.__version__) < Version("0.20.0"):
-            raise ValueError(
-                f"PEFT {peft.__version__} cannot hold a second adapter next to one that uses `target_parameters` "
-                f"(peft#3340), so the '{REF_ADAPTER}' adapter that a reference sync moves cannot be created. Upgrade "
-                "to peft>=0.20.0, or unset `sync_ref_model` / `ref_model_sync_kl_threshold`."
-            )
-        peft_model.add_adapter(REF_ADAPTER, config)
-        peft_model.set_adapter(trained)  # keeps the trained adapter trainable and the new one frozen
-        trained_params, ref_params = _adapter_parameters(peft_model)
-        if any(hasattr(p, "ds_id") for p in trained_params + ref_params):
-            self._sync_adapter(alpha=1.0)  # already ZeRO-3-partitioned
-        else:
-            with torch.no_grad():  # before DeepSpeed/FSDP wrap the model: a plain copy on every process
-                for param, ref_param in zip(trained_params, ref_params, strict=True):
-                    ref_param.copy_(param)
-        for param in ref_params:
-            param.requires_grad_(False)
-        logger.info(f"RefModelSyncCallback: created the frozen '{REF_ADAPTER}' adapter (a copy of '{trained}').")
-
     # ------------------------------------------------------------------------------------------------ KL and decision
     def observe_kl(self, kl_sum, num_tokens) -> None:
         """Add one training micro-batch's KL: `kl_sum` = Σ_tokens KL and `num_tokens`, both already summed over all
         processes (so every process sees the same values)."""
-        kl_sum, num_tokens = float(kl_sum), float(num_tokens)
-        if num_tokens > 0 and math.isfinite(kl_sum):
-            self._kl_sum += kl_sum
-            self._kl_tokens += num_tokens
+        self.trigger.observe(kl_sum, num_tokens)
 
     def on_train_begin(self, args, state, control, **kwargs):
         if self.trainer is None:
@@ -209,36 +178,19 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
                 "restored: training would silently anchor the KL to the initial model. Resume with RPGTrainer, "
                 "or call `RefModelSyncCallback.load_checkpoint(trainer, checkpoint)` before training."
             )
-        self._kl_sum = self._kl_tokens = 0.0
-        self.last_sync_step = min(self.last_sync_step, state.global_step)  # a new `train()` restarts the step count
+        self.trigger.start(state.global_step)
         self.has_reference()
 
     def on_step_end(self, args, state, control, **kwargs):
-        kl = self._kl_sum / self._kl_tokens if self._kl_tokens > 0 else None
-        self._kl_sum = self._kl_tokens = 0.0
         if not self.has_reference():
+            self.trigger.discard_step()
             return
-        if kl is not None:
-            m = self.kl_moving_average
-            self.kl_moving_average = kl if m is None else self.kl_ema * m + (1.0 - self.kl_ema) * kl
-        reason = None
-        if self._at_generation_boundary():
-            if self.sync_steps is not None and state.global_step - self.last_sync_step >= self.sync_steps:
-                reason = f"{state.global_step - self.last_sync_step} steps since the last sync"
-            elif (
-                self.kl_threshold is not None
-                and self.kl_moving_average is not None
-                and self.kl_moving_average > self.kl_threshold
-            ):
-                reason = f"ref/kl = {self.kl_moving_average:.4g} > κ = {self.kl_threshold:g}"
-        do_sync = self._agree(reason is not None)
-        logged_kl = self.kl_moving_average
+        reason = self.trigger.end_step(state.global_step, self._at_generation_boundary())
+        do_sync = self.trigger.agree(reason is not None, broadcast_from_main(self.trainer.accelerator))
+        logged_kl = self.trigger.kl_moving_average
         if do_sync:
             self.sync()
-            self.num_syncs += 1
-            self.last_sync_step = state.global_step
-            self.sync_history.append(state.global_step)
-            self.kl_moving_average = None  # π_ref moved: the KL to the old one says nothing about the new one
+            self.trigger.record_sync(state.global_step)
             if self.trainer.accelerator.is_main_process:
                 logger.info(
                     f"Step {state.global_step}: synced the reference to the policy (α = {self.mixup_alpha:g}; "
@@ -256,69 +208,15 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         generate_every = trainer.args.steps_per_generation * getattr(trainer, "num_iterations", 1)
         return getattr(trainer, "_step", 0) % generate_every == 0
 
-    def _agree(self, decision: bool) -> bool:
-        """Every process adopts the main process's decision and moving average (they already agree, since the KL is
-        reduced over processes; the broadcast rules out float ties)."""
-        accelerator = self.trainer.accelerator
-        if accelerator.num_processes == 1:
-            return decision
-        m = self.kl_moving_average
-        payload = torch.tensor(
-            [float(decision), math.nan if m is None else m], dtype=torch.float64, device=accelerator.device
-        )
-        payload = broadcast(payload, from_process=0)
-        self.kl_moving_average = None if math.isnan(payload[1].item()) else payload[1].item()
-        return bool(payload[0].item())
-
-    # ------------------------------------------------------------------------------------------------ the sync
     def sync(self, alpha: float | None = None) -> None:
         """Set π_ref ← α·π_θ + (1 − α)·π_ref now (α defaults to `mixup_alpha`). Collective: call on every process."""
-        alpha = self.mixup_alpha if alpha is None else alpha
-        if self._peft_model() is not None:
-            self._sync_adapter(alpha)
-        else:
-            self._sync_full_model(alpha)
-
-    def _sync_full_model(self, alpha: float) -> None:
-        trainer = self.trainer
-        dist = DistributedBackend(trainer.accelerator)
-        if dist.fsdp_version == 1:
-            # Both roots are wrapped with the same policy, so their (flat) local shards correspond element-wise.
-            policy, reference = trainer.model_wrapped, trainer.ref_model
-        else:
-            # DeepSpeed engines, DDP wrappers: the modules inside. FSDP2 parameters are DTensors sharded alike.
-            policy = trainer.accelerator.unwrap_model(trainer.model)
-            reference = trainer.accelerator.unwrap_model(trainer.ref_model)
-        _check_same_layout(policy.parameters(), reference.parameters(), "the policy", "the reference model")
-        # TRL's helper: gathers ZeRO-3 partitions, updates on rank 0, re-partitions.
-        SyncRefModelCallback.sync_target_model(policy, reference, alpha)
-
-    def _sync_adapter(self, alpha: float) -> None:
-        trainer = self.trainer
-        peft_model = self._peft_model()
-        dist = DistributedBackend(trainer.accelerator)
-        # Under FSDP1 two adapters of one flat parameter are sharded at different offsets: materialise them.
-        context = dist.summon_full_params(trainer.model_wrapped, writeback=True) if dist.fsdp_version == 1 else None
-        with context or nullcontext():
-            trained, ref = _adapter_parameters(peft_model)
-            _check_same_layout(trained, ref, f"adapter '{peft_model.active_adapter}'", f"adapter '{REF_ADAPTER}'")
-            SyncRefModelCallback.sync_target_model(_Parameters(trained), _Parameters(ref), alpha)
+        weights.sync_reference(self.trainer, self.mixup_alpha if alpha is None else alpha)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def state(self) -> dict:
         return {
-            "args": {
-                "kl_threshold": self.kl_threshold,
-                "kl_ema": self.kl_ema,
-                "sync_steps": self.sync_steps,
-                "mixup_alpha": self.mixup_alpha,
-            },
-            "attributes": {
-                "kl_moving_average": self.kl_moving_average,
-                "last_sync_step": self.last_sync_step,
-                "num_syncs": self.num_syncs,
-                "sync_history": list(self.sync_history),
-            },
+            "args": {**self.trigger.arguments(), "mixup_alpha": self.mixup_alpha},
+            "attributes": self.trigger.attributes(),
         }
 
     def save_checkpoint(self, trainer, trial=None) -> None:
@@ -330,22 +228,16 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
 
     def save_reference(self, output_dir: str) -> None:
         """Write the synced reference into the checkpoint folder `output_dir` (nothing before the first sync: the
-        reference is then the initial model, which a resumed trainer rebuilds). Collective: call on every process."""
+        reference is then the initial model, which a resumed trainer rebuilds). Only the main process holds a copy.
+        Collective: call on every process."""
         if self.num_syncs == 0 or not self.has_reference():
             return
-        tensors = self._reference_tensors()
-        if self.trainer.accelerator.is_main_process:
-            from safetensors.torch import save_file
-
-            os.makedirs(output_dir, exist_ok=True)
-            kind = "adapter" if self._peft_model() is not None else "model"
-            save_file(tensors, os.path.join(output_dir, REFERENCE_FILE), metadata={"format": "pt", "kind": kind})
-        self.trainer.accelerator.wait_for_everyone()
+        weights.save_reference(self.trainer, output_dir)
 
     def load_checkpoint(self, trainer, checkpoint: str) -> None:
         """Restore, when resuming from `checkpoint`, the callback state (from `trainer.state`, loaded from the
-        checkpoint's `trainer_state.json`) and the synced reference weights. Makes this instance the trainer's callback
-        again if transformers replaced it by a copy rebuilt from the saved arguments
+        checkpoint's `trainer_state.json`) and the synced reference weights, on every process. Makes this instance the
+        trainer's callback again if transformers replaced it by a copy rebuilt from the saved arguments
         (`restore_callback_states_from_checkpoint=True`); restores the state whatever that flag says, since the
         reference weights are always restored."""
         callbacks = trainer.callback_handler.callbacks
@@ -358,8 +250,7 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         if isinstance(stored, list):
             stored = stored[0]
         if stored:
-            for key, value in stored.get("attributes", {}).items():
-                setattr(self, key, value)
+            self.trigger.load_attributes(stored.get("attributes", {}))
         else:
             trainer.state.stateful_callbacks[name] = self.state()  # checkpoint taken before the callback existed
         self._reference_restored = True
@@ -371,93 +262,5 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
                 f"The checkpoint {checkpoint} records {self.num_syncs} reference sync(s) but has no {REFERENCE_FILE}: "
                 "the synced reference cannot be restored. Resume from a checkpoint written by RPGTrainer."
             )
-        from safetensors.torch import load_file
-
-        self._load_reference_tensors(load_file(path))
+        weights.load_reference(trainer, path)
         logger.info(f"Restored the reference synced at step {self.last_sync_step} from {path}.")
-
-    def _reference_modules(self):
-        """(module, parameter-name filter) holding the reference parameters."""
-        trainer = self.trainer
-        peft_model = self._peft_model()
-        if peft_model is not None:
-            fsdp = DistributedBackend(trainer.accelerator).is_fsdp
-            return (trainer.model_wrapped if fsdp else peft_model), (lambda n: f".{REF_ADAPTER}." in n)
-        if DistributedBackend(trainer.accelerator).is_fsdp:
-            return trainer.ref_model, (lambda n: True)
-        return trainer.accelerator.unwrap_model(trainer.ref_model), (lambda n: True)
-
-    def _reference_tensors(self) -> dict[str, torch.Tensor]:
-        module, keep = self._reference_modules()
-        dist = DistributedBackend(self.trainer.accelerator)
-        if dist.is_fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            return {name: t.detach().clone().contiguous() for name, t in full.items() if keep(name)}
-        tensors = {}
-        for name, param in module.named_parameters():
-            if keep(name):
-                with dist.gather_params([param]):  # one parameter at a time under ZeRO-3
-                    tensors[name] = param.detach().to("cpu", copy=True).contiguous()
-        return tensors
-
-    def _load_reference_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
-        module, keep = self._reference_modules()
-        dist = DistributedBackend(self.trainer.accelerator)
-        if dist.is_fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-            set_model_state_dict(module, tensors, options=StateDictOptions(full_state_dict=True, strict=False))
-            return
-        params = {name: param for name, param in module.named_parameters() if keep(name)}
-        if set(params) != set(tensors):
-            raise ValueError(
-                f"{REFERENCE_FILE} does not match the reference: missing {sorted(set(params) - set(tensors))[:5]}, "
-                f"unexpected {sorted(set(tensors) - set(params))[:5]}. Resume with the model and PEFT config that "
-                "wrote the checkpoint."
-            )
-        for name, param in params.items():
-            if dist.is_zero3:
-                import deepspeed
-
-                with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
-                    if deepspeed.comm.get_rank() == 0:
-                        param.data.copy_(tensors[name])
-            else:
-                param.data.copy_(tensors[name])
-
-
-class _Parameters:
-    """A parameter list with the `parameters()` method that `SyncRefModelCallback.sync_target_model` iterates."""
-
-    def __init__(self, params):
-        self._params = list(params)
-
-    def parameters(self):
-        return iter(self._params)
-
-
-def _adapter_parameters(peft_model) -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
-    """The trained adapter's parameters and the matching "ref" adapter's, in the same order."""
-    trained = peft_model.active_adapter
-    named = dict(peft_model.named_parameters())
-    pairs = [
-        (param, named[name.replace(f".{trained}.", f".{REF_ADAPTER}.")])
-        for name, param in named.items()
-        if f".{trained}." in name and name.replace(f".{trained}.", f".{REF_ADAPTER}.") in named
-    ]
-    if not pairs:
-        raise ValueError(f"The PEFT model has no '{REF_ADAPTER}' adapter matching its trained adapter '{trained}'.")
-    return [p for p, _ in pairs], [r for _, r in pairs]
-
-
-def _check_same_layout(source, target, source_name, target_name) -> None:
-    source, target = list(source), list(target)
-    shapes = [tuple(getattr(p, "ds_shape", p.shape)) for p in source]
-    target_shapes = [tuple(getattr(p, "ds_shape", p.shape)) for p in target]
-    if shapes != target_shapes:
-        raise ValueError(
-            f"Cannot sync {target_name} to {source_name}: their parameters differ ({len(target)} vs {len(source)} "
-            "tensors, or different shapes). The reference must have the policy's architecture, wrapped the same way."
-        )

@@ -1,0 +1,10 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""The paper's iterative reference update (Sec. 5) with a separate reference model, in two parts.
+
+- [`trigger`]: *when* to move π_ref to π_θ (moving average of the token KL, every K steps, agreement across
+  processes, the state written to `trainer_state.json`). Plain Python, testable without a trainer.
+- [`weights`]: *how* to move it on each backend (plain model, DDP, DeepSpeed ZeRO-2/3, FSDP1/2, the PEFT "ref"
+  adapter) and how to save and restore the synced reference with a checkpoint.
+
+[`rpg_trl.callbacks.RefModelSyncCallback`] joins the two inside a `transformers` Trainer.
+"""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
 
 from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.data import DAPO_MATH_17K_ID, load_dapo_math_17k
+from rpg_trl.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
 from rpg_trl.dynamic_sampling import DynamicSamplingMixin
 from rpg_trl.losses import PAPER_NAMES
 from rpg_trl.rewards import accuracy_reward, format_reward, get_soft_overlong_punishment
@@ -63,14 +63,20 @@ class MathScriptArguments:
         },
     )
     train_dataset: str = field(
-        default=DAPO_MATH_17K_ID,
-        metadata={"help": "Training problems: a Hub dataset id or a local .jsonl/.json/.parquet file or folder."},
+        default=DAPO_MATH_17K_ENG_ID,
+        metadata={
+            "help": "Training problems: a Hub dataset id or a local .jsonl/.json/.parquet file or folder. Default: the "
+            "authors' English subset of DAPO-Math-17k (dapo-math-17k-eng.parquet), the paper's training set."
+        },
     )
     train_split: str = field(default="train", metadata={"help": "Split of `train_dataset`."})
     train_max_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training problems."})
     english_only: bool = field(
-        default=True,
-        metadata={"help": "Drop problems with CJK characters (the paper trains on DAPO-Math-17k's English subset)."},
+        default=False,
+        metadata={
+            "help": "Drop problems with CJK characters: approximates the English subset the paper trains on from the "
+            "full release (BytedTsinghua-SIA/DAPO-Math-17k); the default training file is that subset already."
+        },
     )
     eval_datasets: list[str] = field(
         default_factory=lambda: ["aime24", "aime25", "amc23"],

@@ -1,7 +1,9 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""Datasets of the paper's math-reasoning setup (Sec. 5 and Appendix H; RPG_SPEC section 6).
 
-The paper trains on DAPO-Math-17k and evaluates on AIME24, AIME25 and AMC23. The loaders below return a
+The paper trains on the English subset of DAPO-Math-17k and evaluates on AIME24, AIME25 and AMC23; where the authors
+published the files they use (the English training file, their AIME 2024 copy), those are the defaults. The loaders
+below return a
 [`datasets.Dataset`] in TRL's conversational prompt-only format, ready for [`~trl.GRPOTrainer`] /
 [`rpg_trl.RPGTrainer`] with [`rpg_trl.rewards.accuracy_reward`]:
 
@@ -13,9 +15,10 @@ files or folders:
 
 - **plain**: a question column (``problem`` or ``question``) and an answer column (``answer`` or ``solution``; when
   both exist ``answer`` is used, since ``solution`` is then usually a worked solution);
-- **verl** (the format of the authors' code and of the DAPO-Math-17k release): ``prompt``, a list of chat messages
-  whose user message usually already contains the paper's prompt, and ``reward_model``, a dict with the reference
-  answer under ``ground_truth``.
+- **verl** (the format of the authors' code, of their English DAPO-Math-17k and AIME 2024 files and of the
+  DAPO-Math-17k release): ``prompt``, a list of chat messages whose user message usually already contains the paper's
+  prompt, and ``reward_model``, a dict with the reference answer under ``ground_truth``; verl's other columns
+  (``data_source``, ``ability``, ``extra_info``) are dropped.
 
 When the question text already carries the paper's prompt, the prompt is removed and the question re-wrapped, so every
 prompt contains the template exactly once whatever the source.
@@ -38,18 +41,29 @@ PROMPT_TEMPLATE = (
 )
 
 # Default Hub datasets. Each named loader also accepts a local file or folder with the same content.
-#: DAPO-Math-17k, verl schema (`prompt`, `reward_model`), split "train". The Hub copy repeats each of its ~17k problems
-#: about 100 times (~1.79M rows; BytedTsinghua-SIA/DAPO issue #36), hence `deduplicate=True` in
-#: [`load_dapo_math_17k`]. A deduplicated copy with an English-only subset is `open-r1/DAPO-Math-17k-Processed`
-#: (config "en"), which also loads here.
+#: The paper's training set as the authors use it: the English subset of DAPO-Math-17k (the paper's 13.9k problems),
+#: the file `dapo-math-17k-eng.parquet` that their `recipe/rpg/prepare_rpg_data_eng.sh` downloads. verl schema:
+#: `data_source`, `prompt` (one user message already carrying the paper's prompt), `ability`, `reward_model` (the
+#: answer under `ground_truth`) and `extra_info` (`index`, `raw_problem`, `split`); split "train". Default of
+#: [`load_dapo_math_17k`] and of `examples/rpg_math.py`.
+DAPO_MATH_17K_ENG_ID = "math-dataset/DAPO-17k-Eng"
+#: The full DAPO-Math-17k release (English and Chinese problems), verl schema, split "train". It repeats each of its
+#: ~17k problems about 100 times (~1.79M rows; BytedTsinghua-SIA/DAPO issue #36), hence `deduplicate=True` in
+#: [`load_dapo_math_17k`]; `english_only=True` approximates the English subset. A deduplicated copy with an English-only
+#: subset is `open-r1/DAPO-Math-17k-Processed` (config "en"), which also loads here.
 DAPO_MATH_17K_ID = "BytedTsinghua-SIA/DAPO-Math-17k"
-#: AIME 2024 (30 problems), plain schema (`problem`, `answer`; `solution` holds worked solutions), split "train".
-AIME24_ID = "HuggingFaceH4/aime_2024"
+#: AIME 2024 (30 problems) as the authors evaluate it: the `aime-2024.parquet` of their data scripts, verl schema like
+#: [`DAPO_MATH_17K_ENG_ID`], each problem repeated 32 times (for mean@32 in verl; [`load_aime24`] drops the repeats),
+#: split "train". The same problems in the plain schema (`problem`, `answer`) are `HuggingFaceH4/aime_2024`.
+AIME24_ID = "BytedTsinghua-SIA/AIME-2024"
 #: AIME 2025 (30 problems, parts I and II), plain schema (`problem`, `answer`), split "test". An alternative with the
 #: same columns is `yentinglin/aime_2025` (split "train").
 AIME25_ID = "math-ai/aime25"
 #: AMC 2023 (40 problems), plain schema (`question`, `answer`), split "test".
 AMC23_ID = "math-ai/amc23"
+#: The one data file read from a Hub dataset, for the authors' datasets: exactly the file their scripts download (any
+#: other file in the repository is ignored). Pass `data_files=...` to the loaders to read another.
+HUB_DATA_FILES = {DAPO_MATH_17K_ENG_ID: "dapo-math-17k-eng.parquet", AIME24_ID: "data/aime-2024.parquet"}
 
 QUESTION_COLUMNS = ("problem", "question", "prompt")
 ANSWER_COLUMNS = ("reward_model", "answer", "solution")
@@ -247,6 +261,8 @@ def _load_raw(name_or_path: str, split: str, **load_dataset_kwargs) -> Dataset:
         raise ValueError(f"Folder {str(path)!r} has splits {sorted(splits)}, not the requested split {split!r}.")
     if suffix in _FILE_BUILDERS:
         raise FileNotFoundError(f"No such dataset file: {str(path)!r}.")
+    if name_or_path in HUB_DATA_FILES:
+        load_dataset_kwargs.setdefault("data_files", HUB_DATA_FILES[name_or_path])
     return load_dataset(name_or_path, split=split, **load_dataset_kwargs)
 
 
@@ -302,7 +318,7 @@ def load_math_dataset(
 
 
 def load_dapo_math_17k(
-    name_or_path: str = DAPO_MATH_17K_ID,
+    name_or_path: str = DAPO_MATH_17K_ENG_ID,
     split: str = "train",
     *,
     max_samples: int | None = None,
@@ -313,8 +329,10 @@ def load_dapo_math_17k(
     """
     Loads DAPO-Math-17k, the paper's training set (Sec. 5). See [`load_math_dataset`] for the arguments.
 
-    The Hub release repeats each problem about 100 times, so duplicates are dropped by default. The paper trains on
-    the English subset (13.9k problems); `english_only=True` approximates it by dropping problems with CJK characters.
+    The default is the English subset the paper trains on (13.9k problems), the authors' own file
+    ([`DAPO_MATH_17K_ENG_ID`]). The full release ([`DAPO_MATH_17K_ID`]) repeats each problem about 100 times, so
+    duplicates are dropped by default; with it, `english_only=True` approximates the English subset by dropping
+    problems with CJK characters.
     """
     return load_math_dataset(
         name_or_path,

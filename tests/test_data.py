@@ -10,6 +10,10 @@ from datasets import Dataset
 
 import rpg_trl.data as data
 from rpg_trl.data import (
+    AIME24_ID,
+    DAPO_MATH_17K_ENG_ID,
+    DAPO_MATH_17K_ID,
+    HUB_DATA_FILES,
     PROMPT_TEMPLATE,
     format_math_dataset,
     load_aime24,
@@ -40,6 +44,23 @@ def dapo_row(question, answer, index=0):
         "ability": "MATH",
         "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
         "extra_info": {"index": str(index)},
+    }
+
+
+def authors_row(question, answer, index=0, data_source="math_dapo"):
+    """A row of the authors' files (their README's table: `dapo-math-17k-eng.parquet`, `aime-2024.parquet`): the
+    prompt written by their `generate_prompt`, `extra_info` with the repeat index, the bare problem and a null split."""
+    pre_q = (
+        "Solve the following math problem step by step. The last line of your response should be of the form "
+        "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+    )
+    post_q = '\n\nRemember to put your answer on its own line after "Answer:".'
+    return {
+        "data_source": data_source,
+        "prompt": [{"content": pre_q + question + post_q, "role": "user"}],
+        "ability": "MATH",
+        "reward_model": {"ground_truth": answer, "style": "rule-lighteval/MATH_v2"},
+        "extra_info": {"index": index, "raw_problem": question, "split": None},
     }
 
 
@@ -242,15 +263,52 @@ def test_hub_ids_and_splits(monkeypatch):
 
     monkeypatch.setattr(data, "load_dataset", fake_load_dataset)
     load_dapo_math_17k()
+    load_dapo_math_17k(DAPO_MATH_17K_ID, english_only=True)
     load_aime24()
+    load_aime24(data_files="other.parquet")
     load_aime25()
     load_amc23(revision="main")
     assert calls == [
+        # The authors' files: exactly those their data scripts download (recipe/rpg/prepare_rpg_data_eng.sh).
+        ("math-dataset/DAPO-17k-Eng", {"split": "train", "data_files": "dapo-math-17k-eng.parquet"}),
         ("BytedTsinghua-SIA/DAPO-Math-17k", {"split": "train"}),
-        ("HuggingFaceH4/aime_2024", {"split": "train"}),
+        ("BytedTsinghua-SIA/AIME-2024", {"split": "train", "data_files": "data/aime-2024.parquet"}),
+        ("BytedTsinghua-SIA/AIME-2024", {"split": "train", "data_files": "other.parquet"}),
         ("math-ai/aime25", {"split": "test"}),
         ("math-ai/amc23", {"split": "test", "revision": "main"}),
     ]
+
+
+def test_authors_files_load_with_their_schema(monkeypatch, tmp_path):
+    """The authors' English DAPO-Math-17k file and AIME 2024 copy, in their schema (their README's table), served by
+    a stand-in for the Hub that reads local parquet files: the prompts come out exactly as the authors wrote them,
+    the answers from `reward_model.ground_truth`, verl's other columns dropped, AIME's 32 repeats merged."""
+    english = [authors_row("What is 1 + 1?", "2", 0), authors_row("Let $x^2 = 9$ and $x < 0$. Find $x$.", "-3", 1)]
+    aime = [
+        authors_row(q, a, k) for q, a in [("Find $2^{10}$.", "1024"), ("Find $7 \\cdot 11$.", "77")] for k in range(32)
+    ]
+    files = {
+        DAPO_MATH_17K_ENG_ID: write_parquet(tmp_path / "dapo-math-17k-eng.parquet", english),
+        AIME24_ID: write_parquet(tmp_path / "aime-2024.parquet", aime),
+    }
+    local_load_dataset = data.load_dataset
+
+    def hub(path, split, data_files):
+        assert data_files == HUB_DATA_FILES[path]  # the one file of the repository the authors download
+        return local_load_dataset("parquet", data_files=files[path], split=split)
+
+    monkeypatch.setattr(data, "load_dataset", hub)
+    train = load_dapo_math_17k()  # the default: the authors' English file
+    assert train.column_names == ["prompt", "solution"]
+    assert [example["prompt"] for example in train] == [
+        [{"role": "user", "content": row["prompt"][0]["content"]}] for row in english
+    ]
+    assert user_content(train[0]) == EXPECTED_PROMPT
+    assert list(train["solution"]) == ["2", "-3"]
+    evaluation = load_aime24()
+    assert len(evaluation) == 2 and list(evaluation["solution"]) == ["1024", "77"]
+    assert user_content(evaluation[1]) == aime[32]["prompt"][0]["content"]
+    assert len(load_aime24(deduplicate=False)) == 64
 
 
 def test_format_in_memory_dataset_and_score_it():

@@ -6,6 +6,17 @@ prompt (see [`rpg_trl.data.PROMPT_TEMPLATE`]) asks the model to end its response
 answer on that line is compared with the reference answer, and the reward is 1 when they agree and 0 otherwise. Long
 responses are additionally shaped with DAPO's soft overlong punishment (buffer 512 at a 2K context, penalty factor 1).
 
+**The authors' reward scale.** The authors' code (a verl fork) scores with DAPO's rule, +1 for a correct answer and -1
+otherwise, then adds the overlong penalty: r = s + o with s = 2a - 1, where a is [`accuracy_reward`]'s 1/0. With
+TRL's `reward_weights=[2.0, 1.0]` for `[accuracy_reward, overlong punishment]` the trainer's reward is
+2a + o = r + 1, and a constant cancels in every group-relative advantage: with `scale_rewards="none"` (the paper's
+advantage, reward - group mean) the advantages are exactly the authors'; divided by the group std (the GRPO and DAPO
+baselines) they agree up to the std's epsilon. With the 1/0 reward unweighted, the accuracy part of every advantage is
+exactly half the authors' (a - mean(a) = (s - mean(s)) / 2), so the KL coefficient β and the overlong penalty would
+weigh twice as much against it. The recipes in `recipes/` set these weights; the per-function metric
+`rewards/accuracy_reward/mean` stays the accuracy (TRL logs each function's reward before weighting). An unscorable
+reference answer (accuracy `None`) counts as incorrect, as the authors' exact-match score does.
+
 Every function follows TRL's reward-function convention, so it can be passed directly as ``reward_funcs`` to
 [`~trl.GRPOTrainer`] or [`rpg_trl.RPGTrainer`]:
 

@@ -1,10 +1,17 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """Tests for rpg_trl.rewards. Expected values are written by hand from the answer format of the paper's prompt."""
 
+import functools
+import os
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import torch
+import yaml
+from datasets import Dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -219,3 +226,93 @@ def test_random_text_never_raises(completion, gold):
 @given(prefix=st.text(), number=st.integers(min_value=0, max_value=10**9))
 def test_final_answer_line_is_always_found(prefix, number):
     assert extract_answer(f"{prefix}\nAnswer: {number}") == str(number)
+
+
+# ----------------------------------------------------------------------------------------- the authors' reward scale
+RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+#: Completions, in group order, of two prompts of the tiny model's alphabet, and their solutions.
+PLANNED = {"2+2=": ["Answer: 4", "   Answer: 4", "Answer: 5", "4"], "1+2=": ["Answer: 3"] * 3 + ["Answer: 3 "]}
+SOLUTIONS = {"2+2=": "4", "1+2=": "3"}
+#: The authors' rewards (their verl reward manager: DAPO's score, +1 if correct else -1, plus the overlong penalty
+#: min(-(length - (L - buffer)) / buffer, 0)) by hand, for L = 12, buffer = 4; lengths 9, 12, 9, 1 and 9, 9, 9, 10:
+#: (1 - 1/4, 1 - 1, -1 - 1/4, -1 + 0) and (1 - 1/4) x 3, 1 - 2/4.
+AUTHORS_REWARDS = [[0.75, 0.0, -1.25, -1.0], [0.75, 0.75, 0.75, 0.5]]
+#: Their advantages with the paper's scale_rewards="none": reward - group mean (means -0.375 and 0.6875).
+AUTHORS_ADVANTAGES = [1.125, 0.375, -0.875, -0.625, 0.0625, 0.0625, 0.0625, -0.1875]
+#: The same without the overlong penalty: the group means of (1, 1, -1, -1) and (1, 1, 1, 1) are 0 and 1.
+AUTHORS_ACCURACY_ADVANTAGES = [1.0, 1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 0.0]
+
+
+@functools.lru_cache(maxsize=None)
+def _scoring_trainer(model_dir, scale_rewards, reward_weights):
+    """An RPGTrainer on the tiny model whose generations are PLANNED (TRL's `rollout_func` hook), with
+    examples/rpg_math.py's reward functions of the recipes: [accuracy_reward, overlong punishment]."""
+    from rpg_trl import RPGConfig, RPGTrainer
+    from rpg_trl.tiny import build_char_tokenizer
+
+    from _tiny_runs import quiet_cpu_args
+
+    tokenizer = build_char_tokenizer()
+
+    def planned_rollout(prompts, trainer):
+        seen = {}
+        completion_ids = []
+        for prompt in prompts:
+            k = seen[prompt] = seen.get(prompt, -1) + 1
+            completion_ids.append(tokenizer(PLANNED[prompt][k], add_special_tokens=False)["input_ids"])
+        prompt_ids = [tokenizer(prompt, add_special_tokens=False)["input_ids"] for prompt in prompts]
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
+
+    args = RPGConfig(
+        **quiet_cpu_args(
+            tempfile.mkdtemp(prefix="reward-scale-"),
+            per_device_train_batch_size=8,
+            num_generations=4,
+            max_completion_length=12,
+            scale_rewards=scale_rewards,
+            reward_weights=list(reward_weights),
+        )
+    )
+    rewards = [accuracy_reward, get_soft_overlong_punishment(12, 4)]
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    dataset = Dataset.from_dict({"prompt": list(PLANNED), "solution": list(SOLUTIONS.values())})
+    trainer = RPGTrainer(
+        model_dir, rewards, args=args, train_dataset=dataset, processing_class=tokenizer, rollout_func=planned_rollout
+    )
+    trainer.model.train()
+    return trainer
+
+
+def _advantages(model_dir, scale_rewards, reward_weights):
+    trainer = _scoring_trainer(model_dir, scale_rewards, tuple(reward_weights))
+    inputs = [{"prompt": p, "solution": SOLUTIONS[p]} for p in PLANNED for _ in range(4)]
+    return trainer._generate_and_score_completions(inputs)["advantages"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipes_reproduce_the_authors_advantages(recipe, tiny_model_dir):
+    """With `reward_weights: [2.0, 1.0]` the trainer's reward is 2·accuracy + overlong = the authors' ±1 score +
+    overlong + 1, and a constant cancels in every group-relative advantage: the paper recipes (group mean only) give
+    the authors' advantages exactly, the baselines (divided by the group std) up to the std's epsilon (TRL 1e-4,
+    verl 1e-6)."""
+    config = yaml.safe_load(recipe.read_text())
+    assert config["overlong_buffer"] > 0 and not config.get("format_reward", False)  # rewards: [accuracy, overlong]
+    assert config["reward_weights"] == [2.0, 1.0]
+    advantages = _advantages(tiny_model_dir, config["scale_rewards"], config["reward_weights"])
+    expected = torch.tensor(AUTHORS_ADVANTAGES)
+    if config["scale_rewards"] == "none":
+        torch.testing.assert_close(advantages, expected, rtol=0, atol=0)
+    else:
+        assert config["scale_rewards"] == "group"
+        std = torch.tensor(AUTHORS_REWARDS).std(dim=1).repeat_interleave(4)  # unbiased, as verl's torch.std
+        torch.testing.assert_close(advantages, expected / (std + 1e-6), rtol=1e-3, atol=0)
+
+
+def test_accuracy_one_zero_gives_half_the_authors_advantage(tiny_model_dir):
+    """accuracy_reward scores 1/0, the authors +1/-1 = 2·(1/0) - 1: the group-mean advantage of 1/0 is exactly half
+    of theirs (so beta and the overlong penalty would weigh twice as much), and weight 2 restores it."""
+    half = _advantages(tiny_model_dir, "none", [1.0, 0.0])
+    torch.testing.assert_close(2 * half, torch.tensor(AUTHORS_ACCURACY_ADVANTAGES), rtol=0, atol=0)
+    torch.testing.assert_close(
+        _advantages(tiny_model_dir, "none", [2.0, 0.0]), torch.tensor(AUTHORS_ACCURACY_ADVANTAGES), rtol=0, atol=0
+    )

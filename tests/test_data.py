@@ -2,10 +2,12 @@
 """Tests for rpg_trl.data on small local files in the plain and verl (DAPO-Math-17k) schemas."""
 
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from datasets import Dataset
 
 import rpg_trl.data as data
@@ -315,3 +317,12 @@ def test_format_in_memory_dataset_and_score_it():
     dataset = format_math_dataset(Dataset.from_list([dapo_row("What is 1 + 1?", "2")]))
     completions = [[{"role": "assistant", "content": "1 + 1 = 2.\nAnswer: 2"}]]
     assert accuracy_reward(completions, dataset["solution"]) == [1.0]
+
+
+@pytest.mark.parametrize(
+    "recipe", sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml")), ids=lambda p: p.stem
+)
+def test_recipes_train_on_the_authors_english_file(recipe):
+    config = yaml.safe_load(recipe.read_text())
+    assert config["train_dataset"] == DAPO_MATH_17K_ENG_ID and config["english_only"] is False
+    assert config["eval_datasets"][0] == "aime24"  # load_aime24: the authors' AIME24_ID

@@ -322,7 +322,7 @@ def run(opts) -> dict:
             "has_ref_model": results[0]["has_ref_model"],
         }
     loss = _loss_only(opts)
-    report = {"settings": {k: v for k, v in vars(opts).items() if not k.startswith("_")}, "runs": summary}
+    report = {"settings": settings(opts), "runs": summary}
     report["loss_only"] = loss
     lines = [
         f"device: {opts.device}, model: hidden {opts.hidden_size} x {opts.num_layers} layers, "
@@ -388,11 +388,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-json", default=None, help="also write the results as JSON here")
 
 
+def settings(opts) -> dict:
+    """The benchmark's options (those [`add_arguments`] declares) from parsed `opts`, for the JSON report: the
+    `rpg-trl` command line adds entries of its own to the namespace (the subcommand, its `run` function)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return {name: getattr(opts, name) for name in vars(parser.parse_args([]))}
+
+
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register `bench-speed` on the `rpg-trl` command line."""
     parser = subparsers.add_parser("bench-speed", help="step time and peak memory of RPGTrainer vs GRPOTrainer")
     add_arguments(parser)
-    parser.set_defaults(func=run)
     return parser
 
 

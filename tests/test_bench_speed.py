@@ -1,10 +1,12 @@
-"""`rpg-trl bench-speed --quick` runs end to end and reports consistent numbers."""
+"""`rpg-trl bench-speed --quick` runs end to end, reports consistent numbers and writes them with `--output-json`."""
 
+import argparse
 import json
 import subprocess
 import sys
 
-from rpg_trl.bench_speed import make_fixed_rollout
+from rpg_trl import cli
+from rpg_trl.bench_speed import add_arguments, make_fixed_rollout, settings
 
 
 def test_fixed_rollout_is_deterministic_and_varies_within_a_group():
@@ -22,10 +24,24 @@ def test_fixed_rollout_is_deterministic_and_varies_within_a_group():
     assert all(len(c) == 5 and all(2 <= t < 10 for t in c) for c in first["completion_ids"])
 
 
-def test_bench_speed_quick(tmp_path):
+def test_both_entry_points_record_the_same_settings():
+    """`rpg-trl bench-speed` and `python -m rpg_trl.bench_speed` parse to different namespaces (the former carries the
+    subcommand and its function, which `json.dumps` refused, losing the measurements); the report records the same
+    options from both."""
+    argv = ["--quick", "--device", "cpu", "--steps", "3", "--output-json", "out.json"]
+    from_cli = cli.build_parser().parse_args_and_config(["bench-speed", *argv])[0]
+    module_parser = argparse.ArgumentParser()
+    add_arguments(module_parser)
+    from_module = module_parser.parse_args(argv)
+    assert settings(from_cli) == settings(from_module) == vars(from_module)
+    assert settings(from_cli)["steps"] == 3 and settings(from_cli)["output_json"] == "out.json"
+    json.dumps(settings(from_cli))
+
+
+def test_bench_speed_quick_writes_its_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "rpg_trl.bench_speed", "--quick", "--device", "cpu", "--output-json", str(out)],
+        [sys.executable, "-m", "rpg_trl.cli", "bench-speed", "--quick", "--device", "cpu", "--output-json", str(out)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -33,6 +49,13 @@ def test_bench_speed_quick(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(a) RPG sampling anchor vs GRPO beta>0" in proc.stdout
     report = json.loads(out.read_text())
+    # The effective settings (--quick's sizes), the runs, the comparisons and the loss-only timing.
+    assert report["settings"]["quick"] and report["settings"]["output_json"] == str(out)
+    assert (report["settings"]["repeats"], report["settings"]["hidden_size"]) == (1, 64)
+    assert set(report["ratios"]) == {
+        "(a) RPG sampling anchor vs GRPO beta>0",
+        "(b) RPG reference model vs GRPO beta>0",
+    }
     runs = report["runs"]
     assert runs["grpo-ref"]["has_ref_model"] and runs["rpg-reference"]["has_ref_model"]
     assert not runs["rpg-sampling"]["has_ref_model"]

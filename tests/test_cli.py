@@ -1,5 +1,6 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Tests of the `rpg-trl` command line: subcommand registry, `plot` and `bench-algos --quick`."""
+"""Tests of the `rpg-trl` command line: subcommand registry, `plot` and `bench-algos --quick`, each output option
+written and read back (`demo --output-dir`: tests/test_demo.py; `bench-speed --output-json`: tests/test_bench_speed.py)."""
 
 import json
 import os
@@ -163,6 +164,13 @@ def test_plot_overlays_rpg_and_grpo_runs(tiny_runs, tmp_path, capsys):
     for run_dir in tiny_runs:
         steps, values = plotting.metric_series(plotting.load_log_history(run_dir), "reward")
         assert steps and all(isinstance(v, float) for v in values)
+
+
+@pytest.mark.parametrize("suffix, signature", [(".svg", b"<?xml"), (".pdf", b"%PDF-")])
+def test_plot_output_format_follows_the_suffix(tiny_runs, tmp_path, suffix, signature):
+    output = tmp_path / f"curves{suffix}"
+    assert cli.main(["plot", *tiny_runs, "--output", str(output)]) == 0
+    assert output.read_bytes().startswith(signature)
 
 
 def test_plot_names_must_match_runs(tiny_runs, tmp_path):

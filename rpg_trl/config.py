@@ -1,8 +1,19 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Configuration of the [`RPGTrainer`]."""
+"""Configuration of the [`RPGTrainer`].
+
+RPG's fields are declared once, in dataclass mixins that other configurations share:
+
+* [`RPGLossArguments`]: the loss (divergence, estimator, RPG-Style Clip, KL anchor, β); also used by the asynchronous
+  trainer's configuration.
+* [`DynamicSamplingArguments`]: DAPO dynamic sampling; also used by the baselines of `examples/rpg_math.py`.
+* [`RPGConfig`] = both + TRL's [`~trl.GRPOConfig`] + the aggregation and the reference sync.
+
+Each mixin checks its own fields in a named method that the configuration's `__post_init__` calls.
+"""
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass, field
 
@@ -13,63 +24,39 @@ from .losses import AGGREGATIONS, DIVERGENCES, ESTIMATORS, validate_rpg_hyperpar
 
 KL_ANCHORS = ("sampling", "reference")
 
-#: How TRL's `loss_type` maps onto RPG's loss aggregation when `aggregation` is left unset.
+#: The aggregation that reproduces each TRL `loss_type`'s normaliser (`GRPOTrainer._compute_loss`, TRL 1.16). bnpo and
+#: dapo are both token means: dapo divides by the token count of the whole generation batch (over processes and
+#: accumulation steps), bnpo by that of each micro-batch.
 LOSS_TYPE_TO_AGGREGATION = {
     "dapo": "token-mean",
     "bnpo": "token-mean",
     "grpo": "seq-mean-token-mean",
-    "dr_grpo": "seq-mean-token-sum",
+    "dr_grpo": "seq-mean-token-sum-norm",
     "luspo": "seq-mean-token-sum",
+}
+#: The TRL `loss_type` whose normaliser each aggregation uses when `aggregation` is set explicitly.
+AGGREGATION_TO_LOSS_TYPE = {
+    "token-mean": "dapo",
+    "seq-mean-token-mean": "grpo",
+    "seq-mean-token-sum-norm": "dr_grpo",
+    "seq-mean-token-sum": "luspo",
+}
+#: TRL loss types that are other surrogate losses (not just a normaliser), which RPG replaces, and why.
+REPLACED_LOSS_TYPES = {
+    "cispo": "CISPO clips the importance weight inside a REINFORCE term; RPG's REINFORCE estimator "
+    "(`estimator='reinforce'`) with RPG-Style Clip is the regularised counterpart",
+    "sapo": "SAPO replaces the clip by a soft gate; RPG uses RPG-Style Clip (`rpg_clip`, `clip_c`)",
+    "vespo": "VESPO reweights whole sequences by a learned gamma weight; RPG's weights are the importance weights "
+    "of Sec. 3",
 }
 
 
 @dataclass
-class RPGConfig(GRPOConfig):
-    r"""
-    Configuration class for the [`RPGTrainer`].
+class RPGLossArguments:
+    """RPG's loss fields (paper Sec. 3-5, Appendix H), shared by [`RPGConfig`] and the asynchronous trainer's config.
 
-    [`RPGConfig`] inherits every parameter of [`trl.GRPOConfig`] and adds the knobs of Regularized Policy Gradient
-    ([On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning](https://huggingface.co/papers/2505.17508),
-    ICLR 2026). Defaults follow the paper's setup (Sec. 5 and Appendix H) where it differs from GRPO's: `beta=1e-4`,
-    `epsilon_high=0.28`, `scale_rewards="none"` (advantage = reward − group mean), token-mean aggregation, and the
-    KL anchored to the sampling policy (no reference model in memory).
-
-    Parameters:
-        divergence (`str`, *optional*, defaults to `"urkl"`):
-            KL regulariser: `"fkl"` KL(π_ref‖π_θ), `"ufkl"` its unnormalised form, `"rkl"` KL(π_θ‖π_ref), `"urkl"` its
-            unnormalised form (the k3 family).
-        estimator (`str`, *optional*, defaults to `"reinforce"`):
-            `"reinforce"` (stop-gradient weights, Table 2) or `"differentiable"` (Tables 1 and 4).
-        rpg_clip (`bool`, *optional*, defaults to `True`):
-            Apply RPG-Style Clip (dual clip with `epsilon`, `epsilon_high` and `clip_c`, Sec. 3.3).
-        clip_c (`float`, *optional*, defaults to `10.0`):
-            Dual-clip bound c > 1 for negative advantages.
-        kl_anchor (`str`, *optional*, defaults to `"sampling"`):
-            `"sampling"`: the KL is anchored to the policy that sampled the batch (π_ref = π_old, the paper's runs; no
-            reference model is loaded). `"reference"`: the KL is anchored to a reference model (TRL's `ref_model`, or
-            the base model / "ref" adapter with PEFT).
-        kl_importance_weight (`bool`, *optional*, defaults to `True`):
-            `False` switches to GRPO's uncorrected k3 penalty (no importance weight), the biased baseline of the paper's
-            KL-weighting ablation (Sec. 2.2). Requires `divergence="urkl"`.
-        aggregation (`str` or `None`, *optional*, defaults to `None`):
-            Loss aggregation: `"token-mean"`, `"seq-mean-token-mean"` or `"seq-mean-token-sum"`. `None` derives it
-            from `loss_type` (`dapo`/`bnpo` → token-mean, `grpo` → seq-mean-token-mean, `dr_grpo`/`luspo` →
-            seq-mean-token-sum).
-        ref_model_sync_kl_threshold (`float` or `None`, *optional*, defaults to `None`):
-            κ: with `kl_anchor="reference"`, sync π_ref ← π_θ when the moving average of the token KL to the reference
-            exceeds κ ([`~rpg_trl.callbacks.RefModelSyncCallback`]); combines with TRL's `sync_ref_model`,
-            `ref_model_sync_steps` and `ref_model_mixup_alpha`.
-        ref_model_sync_kl_ema (`float`, *optional*, defaults to `0.9`):
-            Weight γ of the previous value in that moving average.
-        dynamic_sampling (`bool`, *optional*, defaults to `False`):
-            DAPO dynamic sampling: replace groups whose rewards are all equal by newly generated groups
-            ([`rpg_trl.dynamic_sampling`]).
-        dynamic_sampling_max_rounds (`int`, *optional*, defaults to `20`):
-            Most generation rounds per generation batch with `dynamic_sampling`.
-        dynamic_sampling_metric (`str` or `None`, *optional*, defaults to `None`):
-            Reward function whose per-group variance decides which groups are kept (`None`: the total reward).
-        importance_weight_warning_threshold (`float` or `None`, *optional*, defaults to `100.0`):
-            Warn when the largest importance weight π_θ/π_old of a logging interval exceeds it.
+    Declared before the TRL config in the class line (`class RPGConfig(RPGLossArguments, ..., GRPOConfig)`), so that
+    the paper defaults of `beta` and `epsilon_high` replace TRL's.
     """
 
     divergence: str = field(
@@ -102,14 +89,15 @@ class RPGConfig(GRPOConfig):
         default=10.0,
         metadata={"help": "Dual-clip bound c > 1 for negative advantages (Ye et al., 2020). Paper scripts: 10.0."},
     )
-    kl_anchor: str = field(
-        default="sampling",
+    kl_anchor: str | None = field(
+        default=None,
         metadata={
-            "help": "What the KL regularises toward. 'sampling' (default): the policy that sampled the batch, "
-            "π_ref = π_old, the paper's iterative reference update (Sec. 5); no reference model is loaded. "
-            "'reference': a reference model (a copy of the initial policy, or the base model / 'ref' adapter with "
-            "PEFT), which requires beta > 0.",
-            "choices": list(KL_ANCHORS),
+            "help": "What the KL regularises toward. 'sampling': the policy that sampled the batch, π_ref = π_old, "
+            "the paper's iterative reference update (Sec. 5); no reference model is loaded. 'reference': a "
+            "reference model (a copy of the initial policy, or the base model / 'ref' adapter with PEFT), which "
+            "requires beta > 0. None (default): 'reference' when a reference is asked for (`sync_ref_model` or "
+            "`ref_model_sync_kl_threshold`), else 'sampling'.",
+            "choices": [None, *KL_ANCHORS],
         },
     )
     kl_importance_weight: bool = field(
@@ -120,17 +108,8 @@ class RPGConfig(GRPOConfig):
             "divergence='urkl'."
         },
     )
-    aggregation: str | None = field(
-        default=None,
-        metadata={
-            "help": "Loss aggregation: 'token-mean' (the paper's), 'seq-mean-token-mean' or 'seq-mean-token-sum'. "
-            "None (default) derives it from `loss_type`: dapo/bnpo -> token-mean, grpo -> seq-mean-token-mean, "
-            "dr_grpo/luspo -> seq-mean-token-sum.",
-            "choices": [None, *AGGREGATIONS],
-        },
-    )
 
-    # Paper defaults that differ from GRPO's (Sec. 5, Appendix H).
+    # Paper defaults that differ from TRL's (Sec. 5, Appendix H).
     beta: float = field(
         default=1e-4,
         metadata={
@@ -145,36 +124,81 @@ class RPGConfig(GRPOConfig):
             "Default 0.28 (paper, Appendix H; also DAPO). The lower clip is `epsilon` (default 0.2)."
         },
     )
-    scale_rewards: str = field(
-        default="none",
+
+    # Reliability (`rpg_trl.safety`, docs/guarantees.md).
+    importance_weight_warning_threshold: float | None = field(
+        default=100.0,
         metadata={
-            "help": "Reward scaling of the advantage. Default 'none': advantage = reward − group mean, without "
-            "division by the std (the paper's baseline, Sec. 5). 'group' and 'batch' divide by the group or "
-            "batch std as in GRPO."
+            "help": "Warn (at most once every 100 optimizer steps) when the largest importance weight π_θ/π_old of a "
+            "logging interval exceeds this value: the policy has diverged from the policy that sampled the batch. "
+            "Default 100 (log-ratio ≈ 4.6, far beyond the clip bounds 1 + epsilon_high and clip_c = 10). None: never "
+            "warn."
         },
     )
 
-    # Iterative reference updates with a separate reference (RPG_SPEC §5, `rpg_trl.callbacks.RefModelSyncCallback`).
-    ref_model_sync_kl_threshold: float | None = field(
-        default=None,
-        metadata={
-            "help": "κ: with kl_anchor='reference', sync the reference to the policy (π_ref ← π_θ) when the moving "
-            "average of the token KL between them (the `kl` metric, reduced over processes) exceeds κ; the separate-"
-            "reference form of the paper's iterative reference update (Sec. 5). Works with a full reference model "
-            "and with PEFT (a 'ref' adapter). Combines with `sync_ref_model` (every `ref_model_sync_steps` steps, "
-            "mixing with `ref_model_mixup_alpha`). None (default): no KL-triggered sync."
-        },
-    )
-    ref_model_sync_kl_ema: float = field(
-        default=0.9,
-        metadata={
-            "help": "γ in [0, 1) of the moving average m ← γ·m + (1 − γ)·KL compared with "
-            "`ref_model_sync_kl_threshold`; it restarts from the first KL after each sync. Default 0.9 (about a "
-            "10-step window); 0 compares the last step's KL alone."
-        },
-    )
+    def check_rpg_loss_arguments(self, *, aggregation: str = "token-mean", importance_sampling_level: str = "token"):
+        """Validate the loss fields (`ValueError` naming the field, the allowed values and the fix)."""
+        if self.epsilon_high is None:
+            self.epsilon_high = self.epsilon
+        validate_rpg_hyperparameters(
+            divergence=self.divergence,
+            estimator=self.estimator,
+            beta=self.beta,
+            clip=self.rpg_clip,
+            epsilon_low=self.epsilon,
+            epsilon_high=self.epsilon_high,
+            clip_c=self.clip_c,
+            aggregation=aggregation,
+            importance_sampling_level=importance_sampling_level,
+            kl_importance_weight=self.kl_importance_weight,
+            names={"clip": "rpg_clip", "epsilon_low": "epsilon"},
+        )
+        if self.kl_anchor is not None and self.kl_anchor not in KL_ANCHORS:
+            raise ValueError(f"`kl_anchor` must be one of {list(KL_ANCHORS)} or None; got {self.kl_anchor!r}.")
+        threshold = self.importance_weight_warning_threshold
+        if threshold is not None and (
+            isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 1.0 < threshold < math.inf
+        ):
+            raise ValueError(
+                f"`importance_weight_warning_threshold` must be a finite number > 1 (a bound on π_θ/π_old) or None; "
+                f"got {threshold!r}."
+            )
 
-    # DAPO dynamic sampling (Yu et al., 2025; the paper's runs, Sec. 5), `rpg_trl.dynamic_sampling`.
+    def check_kl_anchor(self, *, reference_requested: bool = False, reason: str = "") -> None:
+        """Resolve `kl_anchor=None` (the default) and check the anchor against β.
+
+        `reference_requested` says that the user asked for a reference model (`reason` names the option): with
+        `kl_anchor` unset the KL is then anchored to it (an info log says so); an explicit `kl_anchor="sampling"`
+        with such an option is an error.
+        """
+        if self.kl_anchor is None:
+            self.kl_anchor = "reference" if reference_requested else "sampling"
+            if reference_requested:
+                from transformers.utils import logging
+
+                logging.get_logger(__name__).info(
+                    f"{reason} asks for a reference model, so the KL is anchored to it (kl_anchor='reference'); set "
+                    "kl_anchor explicitly to silence this message."
+                )
+        elif reference_requested and self.kl_anchor == "sampling":
+            raise ValueError(
+                f"{reason} needs a reference model, but `kl_anchor='sampling'` anchors the KL to the sampling policy "
+                "(no reference model exists; it moves with every generation already). Set `kl_anchor='reference'` "
+                "(or leave it unset), or remove the option."
+            )
+        if self.kl_anchor == "reference" and self.beta == 0.0:
+            chosen = f" (chosen because {reason} asks for a reference)" if reference_requested else ""
+            raise ValueError(
+                f"`kl_anchor='reference'`{chosen} with `beta=0` would load a reference model that the loss never "
+                "uses. Set `beta > 0` (the paper uses 1e-4), or `kl_anchor='sampling'` without reference options."
+            )
+
+
+@dataclass
+class DynamicSamplingArguments:
+    """DAPO dynamic sampling (Yu et al., 2025; the paper's runs, Sec. 5), `rpg_trl.dynamic_sampling`. Shared by
+    [`RPGConfig`] and the baseline configurations of `examples/rpg_math.py`."""
+
     dynamic_sampling: bool = field(
         default=False,
         metadata={
@@ -202,98 +226,8 @@ class RPGConfig(GRPOConfig):
         },
     )
 
-    # Reliability (`rpg_trl.safety`, docs/guarantees.md).
-    importance_weight_warning_threshold: float | None = field(
-        default=100.0,
-        metadata={
-            "help": "Warn (at most once every 100 optimizer steps) when the largest importance weight π_θ/π_old of a "
-            "logging interval exceeds this value: the policy has diverged from the policy that sampled the batch. "
-            "Default 100 (log-ratio ≈ 4.6, far beyond the clip bounds 1 + epsilon_high and clip_c = 10). None: never "
-            "warn."
-        },
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.epsilon_high is None:
-            self.epsilon_high = self.epsilon
-        if self.aggregation is None:
-            if self.loss_type not in LOSS_TYPE_TO_AGGREGATION:
-                raise ValueError(
-                    f"`loss_type={self.loss_type!r}` selects a different surrogate loss, which RPG replaces. Use one "
-                    f"of {sorted(LOSS_TYPE_TO_AGGREGATION)} (which only choose the aggregation) or set `aggregation` "
-                    f"to one of {list(AGGREGATIONS)}."
-                )
-            self.aggregation = LOSS_TYPE_TO_AGGREGATION[self.loss_type]
-        validate_rpg_hyperparameters(
-            divergence=self.divergence,
-            estimator=self.estimator,
-            beta=self.beta,
-            clip=self.rpg_clip,
-            epsilon_low=self.epsilon,
-            epsilon_high=self.epsilon_high,
-            clip_c=self.clip_c,
-            aggregation=self.aggregation,
-            importance_sampling_level=self.importance_sampling_level,
-            kl_importance_weight=self.kl_importance_weight,
-            names={"clip": "rpg_clip", "epsilon_low": "epsilon"},
-        )
-        if self.kl_anchor not in KL_ANCHORS:
-            raise ValueError(f"`kl_anchor` must be one of {list(KL_ANCHORS)}; got {self.kl_anchor!r}.")
-        if self.kl_anchor == "reference" and self.beta == 0.0:
-            raise ValueError(
-                "`kl_anchor='reference'` with `beta=0` would load a reference model that the loss never uses. Set "
-                "`beta > 0` (the paper uses 1e-4), or `kl_anchor='sampling'`."
-            )
-        if self.sync_ref_model and self.kl_anchor != "reference":
-            raise ValueError(
-                "`sync_ref_model=True` needs a reference model, but `kl_anchor='sampling'` anchors the KL to the "
-                "sampling policy, which moves every generation already. Set `kl_anchor='reference'` or "
-                "`sync_ref_model=False`."
-            )
-        if self.delta is not None:
-            raise ValueError(
-                "`delta` (INTELLECT-2 two-sided clipping) is not used by RPG; RPG-Style Clip bounds negative-advantage "
-                "weights with `clip_c`. Unset `delta`."
-            )
-        if self.use_adaptive_entropy:
-            raise ValueError(
-                "`use_adaptive_entropy` is not supported by RPGTrainer; use a static `entropy_coef` instead."
-            )
-        if self.kl_anchor == "sampling" and self.beta > 0 and self.divergence in ("ufkl", "urkl"):
-            generate_every = self.steps_per_generation * self.num_iterations
-            if generate_every <= self.gradient_accumulation_steps:
-                warnings.warn(
-                    f"With kl_anchor='sampling' and divergence={self.divergence!r}, the KL gradient is exactly zero "
-                    "when every optimizer step uses freshly generated data (steps_per_generation * num_iterations <= "
-                    "gradient_accumulation_steps): π_θ = π_ref at each step. The paper takes several optimizer steps "
-                    "per generation batch; raise `steps_per_generation` or `num_iterations` to make the KL act.",
-                    stacklevel=2,
-                )
-        if self.ref_model_sync_kl_threshold is not None:
-            if not self.ref_model_sync_kl_threshold > 0:
-                raise ValueError(
-                    f"`ref_model_sync_kl_threshold` (κ) must be > 0; got {self.ref_model_sync_kl_threshold}. Use None "
-                    "to disable the KL-triggered reference sync."
-                )
-            if self.kl_anchor != "reference":
-                raise ValueError(
-                    "`ref_model_sync_kl_threshold` needs a reference model to sync, but `kl_anchor='sampling'` "
-                    "anchors the KL to the sampling policy (no reference exists). Set `kl_anchor='reference'` or "
-                    "`ref_model_sync_kl_threshold=None`."
-                )
-        if not 0.0 <= self.ref_model_sync_kl_ema < 1.0:
-            raise ValueError(f"`ref_model_sync_kl_ema` must be in [0, 1); got {self.ref_model_sync_kl_ema}.")
-        if self.ref_model_sync_steps < 1:
-            raise ValueError(
-                f"`ref_model_sync_steps` must be >= 1 (the sync interval in optimizer steps); got "
-                f"{self.ref_model_sync_steps}."
-            )
-        if self.sync_ref_model and not 0.0 < self.ref_model_mixup_alpha <= 1.0:
-            raise ValueError(
-                f"`ref_model_mixup_alpha` must be in (0, 1] (π_ref ← α·π_θ + (1 − α)·π_ref); got "
-                f"{self.ref_model_mixup_alpha}."
-            )
+    def check_dynamic_sampling_arguments(self) -> None:
+        """Validate the dynamic-sampling fields against the batch geometry of the TRL config they are mixed into."""
         max_rounds = self.dynamic_sampling_max_rounds
         if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
             raise ValueError(
@@ -309,17 +243,204 @@ class RPGConfig(GRPOConfig):
                 "or steps_per_generation (or generation_batch_size)."
             )
 
-        # Reliability checks (rpg_trl.safety; tests/test_reliability.py): values that would fail or give NaN later.
-        import math
 
-        threshold = self.importance_weight_warning_threshold
-        if threshold is not None and (
-            isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 1.0 < threshold < math.inf
-        ):
+@dataclass
+class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
+    r"""
+    Configuration class for the [`RPGTrainer`].
+
+    [`RPGConfig`] inherits every parameter of [`trl.GRPOConfig`] and adds the knobs of Regularized Policy Gradient
+    ([On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning](https://huggingface.co/papers/2505.17508),
+    ICLR 2026). Defaults follow the paper's setup (Sec. 5 and Appendix H) where it differs from GRPO's: `beta=1e-4`,
+    `epsilon_high=0.28`, `scale_rewards="none"` (advantage = reward − group mean), token-mean aggregation, and the
+    KL anchored to the sampling policy (no reference model in memory).
+
+    Parameters:
+        divergence (`str`, *optional*, defaults to `"urkl"`):
+            KL regulariser: `"fkl"` KL(π_ref‖π_θ), `"ufkl"` its unnormalised form, `"rkl"` KL(π_θ‖π_ref), `"urkl"` its
+            unnormalised form (the k3 family).
+        estimator (`str`, *optional*, defaults to `"reinforce"`):
+            `"reinforce"` (stop-gradient weights, Table 2) or `"differentiable"` (Tables 1 and 4).
+        rpg_clip (`bool`, *optional*, defaults to `True`):
+            Apply RPG-Style Clip (dual clip with `epsilon`, `epsilon_high` and `clip_c`, Sec. 3.3).
+        clip_c (`float`, *optional*, defaults to `10.0`):
+            Dual-clip bound c > 1 for negative advantages.
+        kl_anchor (`str` or `None`, *optional*, defaults to `None`):
+            `"sampling"`: the KL is anchored to the policy that sampled the batch (π_ref = π_old, the paper's runs; no
+            reference model is loaded). `"reference"`: the KL is anchored to a reference model (TRL's `ref_model`, or
+            the base model / "ref" adapter with PEFT). `None`: `"reference"` when `sync_ref_model` or
+            `ref_model_sync_kl_threshold` asks for a reference, else `"sampling"`.
+        kl_importance_weight (`bool`, *optional*, defaults to `True`):
+            `False` switches to GRPO's uncorrected k3 penalty (no importance weight), the biased baseline of the paper's
+            KL-weighting ablation (Sec. 2.2). Requires `divergence="urkl"`.
+        aggregation (`str` or `None`, *optional*, defaults to `None`):
+            Loss aggregation: `"token-mean"`, `"seq-mean-token-mean"`, `"seq-mean-token-sum"` or
+            `"seq-mean-token-sum-norm"`. `None` derives it from `loss_type` and uses TRL's normaliser for it exactly
+            (`dapo`/`bnpo` → token-mean over the generation batch / the micro-batch, `grpo` → seq-mean-token-mean,
+            `dr_grpo` → seq-mean-token-sum-norm, `luspo` → seq-mean-token-sum). `cispo`, `sapo` and `vespo` are other
+            surrogate losses, which RPG replaces: they are refused.
+        ref_model_sync_kl_threshold (`float` or `None`, *optional*, defaults to `None`):
+            κ: with `kl_anchor="reference"`, sync π_ref ← π_θ when the moving average of the token KL to the reference
+            exceeds κ ([`~rpg_trl.callbacks.RefModelSyncCallback`]); combines with TRL's `sync_ref_model`,
+            `ref_model_sync_steps` and `ref_model_mixup_alpha`.
+        ref_model_sync_kl_ema (`float`, *optional*, defaults to `0.9`):
+            Weight γ of the previous value in that moving average.
+        dynamic_sampling (`bool`, *optional*, defaults to `False`):
+            DAPO dynamic sampling: replace groups whose rewards are all equal by newly generated groups
+            ([`rpg_trl.dynamic_sampling`]).
+        dynamic_sampling_max_rounds (`int`, *optional*, defaults to `20`):
+            Most generation rounds per generation batch with `dynamic_sampling`.
+        dynamic_sampling_metric (`str` or `None`, *optional*, defaults to `None`):
+            Reward function whose per-group variance decides which groups are kept (`None`: the total reward).
+        importance_weight_warning_threshold (`float` or `None`, *optional*, defaults to `100.0`):
+            Warn when the largest importance weight π_θ/π_old of a logging interval exceeds it.
+    """
+
+    aggregation: str | None = field(
+        default=None,
+        metadata={
+            "help": "Loss aggregation: 'token-mean' (the paper's; TRL's dapo normaliser, the global token count), "
+            "'seq-mean-token-mean' (grpo), 'seq-mean-token-sum' (luspo) or 'seq-mean-token-sum-norm' (dr_grpo: "
+            "divided by batch size × max_completion_length). None (default) derives it from `loss_type`, with "
+            "TRL's normaliser for each (bnpo: the token count of each micro-batch).",
+            "choices": [None, *AGGREGATIONS],
+        },
+    )
+    scale_rewards: str = field(
+        default="none",
+        metadata={
+            "help": "Reward scaling of the advantage. Default 'none': advantage = reward − group mean, without "
+            "division by the std (the paper's baseline, Sec. 5). 'group' and 'batch' divide by the group or "
+            "batch std as in GRPO."
+        },
+    )
+
+    # Iterative reference updates with a separate reference (paper Sec. 5, `rpg_trl.callbacks.RefModelSyncCallback`).
+    ref_model_sync_kl_threshold: float | None = field(
+        default=None,
+        metadata={
+            "help": "κ: with kl_anchor='reference', sync the reference to the policy (π_ref ← π_θ) when the moving "
+            "average of the token KL between them (the `kl` metric, reduced over processes) exceeds κ; the separate-"
+            "reference form of the paper's iterative reference update (Sec. 5). Works with a full reference model "
+            "and with PEFT (a 'ref' adapter). Combines with `sync_ref_model` (every `ref_model_sync_steps` steps, "
+            "mixing with `ref_model_mixup_alpha`). None (default): no KL-triggered sync."
+        },
+    )
+    ref_model_sync_kl_ema: float = field(
+        default=0.9,
+        metadata={
+            "help": "γ in [0, 1) of the moving average m ← γ·m + (1 − γ)·KL compared with "
+            "`ref_model_sync_kl_threshold`; it restarts from the first KL after each sync. Default 0.9 (about a "
+            "10-step window); 0 compares the last step's KL alone."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        self._check_trl_values()
+        self._check_loss_type()
+        self._check_unsupported_options()
+        self.check_rpg_loss_arguments(
+            aggregation=self.aggregation, importance_sampling_level=self.importance_sampling_level
+        )
+        self._check_reference()
+        self._warn_on_policy_kl()
+        self.check_dynamic_sampling_arguments()
+
+    def _check_loss_type(self) -> None:
+        """Derive `aggregation` from TRL's `loss_type` (or `loss_type` from an explicit `aggregation`)."""
+        if self.loss_type in REPLACED_LOSS_TYPES:
             raise ValueError(
-                f"`importance_weight_warning_threshold` must be a finite number > 1 (a bound on π_θ/π_old) or None; "
-                f"got {threshold!r}."
+                f"`loss_type={self.loss_type!r}` selects a different surrogate loss, which RPG replaces "
+                f"({REPLACED_LOSS_TYPES[self.loss_type]}). Use one of {sorted(LOSS_TYPE_TO_AGGREGATION)} (which only "
+                f"choose how the loss is normalised) or set `aggregation` to one of {list(AGGREGATIONS)}."
             )
+        if self.loss_type not in LOSS_TYPE_TO_AGGREGATION:
+            raise ValueError(
+                f"`loss_type` must be one of {sorted(LOSS_TYPE_TO_AGGREGATION)} with RPG; got {self.loss_type!r}."
+            )
+        if self.aggregation is None:
+            self.aggregation = LOSS_TYPE_TO_AGGREGATION[self.loss_type]
+        elif (
+            self.aggregation in AGGREGATION_TO_LOSS_TYPE
+            and LOSS_TYPE_TO_AGGREGATION[self.loss_type] != self.aggregation
+        ):
+            if self.loss_type != "dapo":  # TRL's default, so not necessarily the user's choice
+                raise ValueError(
+                    f"`aggregation={self.aggregation!r}` and `loss_type={self.loss_type!r}` ask for different "
+                    f"normalisers; set only one of them (`loss_type={self.loss_type!r}` alone gives "
+                    f"aggregation={LOSS_TYPE_TO_AGGREGATION[self.loss_type]!r})."
+                )
+            # The trainer normalises as TRL does for the loss type of this aggregation.
+            self.loss_type = AGGREGATION_TO_LOSS_TYPE[self.aggregation]
+
+    def _check_reference(self) -> None:
+        """The KL anchor and the reference-sync options (paper Sec. 5)."""
+        requested = []
+        if self.sync_ref_model:
+            requested.append("`sync_ref_model=True`")
+        if self.ref_model_sync_kl_threshold is not None:
+            requested.append("`ref_model_sync_kl_threshold`")
+        self.check_kl_anchor(reference_requested=bool(requested), reason=" and ".join(requested))
+        if self.ref_model_sync_kl_threshold is not None and not self.ref_model_sync_kl_threshold > 0:
+            raise ValueError(
+                f"`ref_model_sync_kl_threshold` (κ) must be > 0; got {self.ref_model_sync_kl_threshold}. Use None "
+                "to disable the KL-triggered reference sync."
+            )
+        if not 0.0 <= self.ref_model_sync_kl_ema < 1.0:
+            raise ValueError(f"`ref_model_sync_kl_ema` must be in [0, 1); got {self.ref_model_sync_kl_ema}.")
+        if self.ref_model_sync_steps < 1:
+            raise ValueError(
+                f"`ref_model_sync_steps` must be >= 1 (the sync interval in optimizer steps); got "
+                f"{self.ref_model_sync_steps}."
+            )
+        if self.sync_ref_model and not 0.0 < self.ref_model_mixup_alpha <= 1.0:
+            raise ValueError(
+                f"`ref_model_mixup_alpha` must be in (0, 1] (π_ref ← α·π_θ + (1 − α)·π_ref); got "
+                f"{self.ref_model_mixup_alpha}."
+            )
+
+    def _check_unsupported_options(self) -> None:
+        """TRL options that RPG refuses, or honours under its own name (docs/trl_options.md lists every option)."""
+        if self.delta is not None:
+            raise ValueError(
+                "`delta` (INTELLECT-2 two-sided clipping) is not used by RPG; RPG-Style Clip bounds negative-advantage "
+                "weights with `clip_c`. Unset `delta`."
+            )
+        if not self.use_bias_correction_kl:
+            # GRPO's uncorrected k3 penalty: RPG's `kl_importance_weight=False` (an estimator of the reverse KL, so
+            # only with divergence="urkl"; checked in check_rpg_loss_arguments).
+            self.kl_importance_weight = False
+
+    def _warn_on_policy_kl(self) -> None:
+        """Warn when the KL to the sampling policy cannot act (π_θ = π_old at every optimizer step)."""
+        if self.kl_anchor != "sampling" or self.beta == 0:
+            return
+        # Each generation batch serves `generate_every` micro-steps; all of them fall inside one optimizer step (so
+        # π_θ = π_old for every micro-batch) exactly when it divides gradient_accumulation_steps (TRL's own test for
+        # skipping old_per_token_logps).
+        generate_every = self.steps_per_generation * self.num_iterations
+        if self.gradient_accumulation_steps % generate_every != 0:
+            return
+        # On-policy, w = ρ = 1 at every token: the KL part of W (module table of rpg_trl.losses) is β·1 for fkl
+        # (a constant that the group-mean baseline does not remove), 0 for ufkl/urkl and −β for rkl.
+        effect = {
+            "fkl": "zero in expectation (β times the score ∇log π_θ, whose mean under π_θ is 0)",
+            "ufkl": "exactly zero",
+            "rkl": "zero in expectation (−β times the score ∇log π_θ, whose mean under π_θ is 0)",
+            "urkl": "exactly zero",
+        }[self.divergence]
+        warnings.warn(
+            f"With kl_anchor='sampling' and divergence={self.divergence!r}, every optimizer step uses freshly "
+            f"generated data (steps_per_generation * num_iterations = {generate_every} divides "
+            f"gradient_accumulation_steps = {self.gradient_accumulation_steps}), so π_θ = π_ref = π_old at each "
+            f"step and the KL term's gradient is {effect}: the KL does not regularise. The paper takes several "
+            "optimizer steps per generation batch; raise `steps_per_generation` or `num_iterations`.",
+            stacklevel=3,
+        )
+
+    def _check_trl_values(self) -> None:
+        """Values that TRL accepts and that fail, or give NaN, later in training (tests/test_config.py)."""
         if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature < math.inf):
             raise ValueError(
                 f"`temperature` must be a finite number > 0 (TRL divides the logits by it; use a small value such as "

@@ -1,7 +1,7 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""The ``rpg-trl demo`` command: RPG end to end on a CPU in a few minutes, offline.
 
-The demo reproduces, in miniature, the regime the paper's method is built for (RPG_SPEC section 8): reinforcement
+The demo reproduces, in miniature, the regime the paper's method is built for: reinforcement
 learning with a verifiable reward *sharpens* what a supervised model can already produce.
 
 1. **Task.** Two-digit additions ``a+b=`` (10 ≤ a, b ≤ 99). The completion is the bare sum (``"57"``); it is scored

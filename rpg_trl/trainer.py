@@ -25,11 +25,22 @@ class RPGTrainer(GRPOTrainer):
     RPG ([On the Design of KL-Regularized Policy Gradient Algorithms for LLM
     Reasoning](https://huggingface.co/papers/2505.17508)) derives, for forward/reverse and normalised/unnormalised KL
     regularisers, the importance weighting that makes an off-policy surrogate give the exact gradient of the
-    KL-regularised objective, with fully differentiable and REINFORCE-style estimators and RPG-Style Clip. The only
-    change w.r.t. [`~trl.GRPOTrainer`] is the loss (`_compute_loss`, which calls [`rpg_trl.losses.rpg_loss`]'s
-    building blocks) and, with `kl_anchor="sampling"`, that no reference model is created.
+    KL-regularised objective, with fully differentiable and REINFORCE-style estimators and RPG-Style Clip. Compared
+    with [`~trl.GRPOTrainer`], the loss is RPG's ([`rpg_trl.losses`]), normalised as TRL normalises each `loss_type`,
+    and with `kl_anchor="sampling"` no reference model is created.
 
-    Generation, rewards, vLLM, PEFT, DeepSpeed/FSDP, gradient accumulation and logging are inherited unchanged.
+    What the class adds, by method:
+
+    * the loss: `_compute_loss` (RPG's per-token loss, TRL's masks on the reward term, TRL's normalisers, entropy bonus
+      and metrics);
+    * the reference sync of the paper's iterative reference update (Sec. 5): `_save_checkpoint` and
+      `_load_optimizer_and_scheduler` save and restore the synced reference ([`RefModelSyncCallback`]);
+    * DAPO dynamic sampling: `_generate_and_score_completions` ([`rpg_trl.dynamic_sampling`]);
+    * reliability (docs/guarantees.md): `_calculate_rewards` (reward guard), `_save_rng_state`/`_load_rng_state`
+      (exact resume of a buffered generation batch), `_prepare_inputs` (length check), `log` (importance-weight
+      warning).
+
+    Generation, rewards, vLLM, PEFT, DeepSpeed/FSDP, gradient accumulation and logging are otherwise TRL's.
     """
 
     _tag_names = ["trl", "rpg"]
@@ -64,6 +75,8 @@ class RPGTrainer(GRPOTrainer):
             args.beta = 0.0
         # `sync_ref_model` is served by RPG's RefModelSyncCallback (installed below, PEFT included), not by TRL's.
         sync_ref_model, args.sync_ref_model = args.sync_ref_model, False
+        # The variant's tag goes on the model too (GRPOTrainer adds `_tag_names` to the model in its __init__).
+        self._tag_names = [*type(self)._tag_names, PAPER_NAMES[(args.divergence, args.estimator)].lower()]
         try:
             super().__init__(model, reward_funcs, args=args, **kwargs)
         finally:
@@ -71,7 +84,6 @@ class RPGTrainer(GRPOTrainer):
             args.sync_ref_model = sync_ref_model
         #: KL coefficient of the RPG loss (`self.beta` keeps the parent's meaning: "reference log-probs needed").
         self.rpg_beta = rpg_beta
-        self._tag_names = [*self._tag_names, PAPER_NAMES[(args.divergence, args.estimator)].lower()]
         self._reward_guard = RewardGuard()
         self._importance_weight_monitor = ImportanceWeightMonitor(args.importance_weight_warning_threshold)
         #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
@@ -115,6 +127,22 @@ class RPGTrainer(GRPOTrainer):
         old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
         ref_per_token_logps = inputs.get("ref_per_token_logps") if args.kl_anchor == "reference" else None
 
+        # TRL's credit-assignment filters choose the tokens whose reward signal counts; as in GRPOTrainer, they act on
+        # the reward term only and the KL regulariser acts on every token.
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+        reward_mask = entropy_mask
+        if self.off_policy_mask_threshold is not None:
+            off_policy_mask = self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+            reward_mask = off_policy_mask if reward_mask is None else reward_mask * off_policy_mask
+
         per_token_loss, stats = rpg_per_token_loss(
             per_token_logps,
             old_per_token_logps,
@@ -130,54 +158,83 @@ class RPGTrainer(GRPOTrainer):
             clip_c=args.clip_c,
             importance_sampling_level=self.importance_sampling_level,
             kl_importance_weight=args.kl_importance_weight,
+            reward_mask=reward_mask,
         )
-
-        # Token selections and corrections TRL applies to its per-token loss, applied to RPG's the same way.
-        loss_mask = mask.to(per_token_loss.dtype)
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-            per_token_loss = per_token_loss * entropy_mask
-        else:
-            entropy_mask = None
-        if self.off_policy_mask_threshold is not None:
-            per_token_loss = per_token_loss * self.get_off_policy_mask(
-                advantages=advantages,
-                per_token_logps=per_token_logps,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-                mask=mask,
-                off_policy_threshold=self.off_policy_mask_threshold,
-            )
         if self.use_vllm and self.vllm_importance_sampling_correction:
-            # vLLM sampled the batch, so π_old (recomputed by the trainer) is itself off the sampler: the whole
-            # estimator (reward and KL terms) is reweighted by TRL's truncated/masked π_old/π_vLLM ratio.
+            # vLLM sampled the batch, and π_old (recomputed by the trainer) is not the sampler: both the reward term
+            # and the KL term are expectations under the samples, so TRL's truncated/masked π_old/π_vLLM ratio
+            # reweights both. (GRPOTrainer reweights only its policy term, adding β·k3 afterwards.)
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
 
         mode = "train" if self.model.training else "eval"
-        num_items = None
-        if args.aggregation == "token-mean":
-            # Normalise by the global token count so that accumulation and multi-process equal one large batch.
-            num_items = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                num_items = num_items * self.current_gradient_accumulation_steps / args.steps_per_generation
-            loss = aggregate_loss(per_token_loss, loss_mask, args.aggregation, num_items)
-        else:
-            loss = aggregate_loss(per_token_loss, loss_mask, args.aggregation)
-            if mode == "train":
-                loss = loss / self.current_gradient_accumulation_steps
-        policy_loss = loss.detach()
-
-        accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        loss, policy_loss = self._aggregate(per_token_loss, mask, inputs, mode)
         if self._entropy_bonus_enabled:
             effective_mask = mask if entropy_mask is None else mask * entropy_mask
-            entropy = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0)
-            loss = loss - self.entropy_coef * entropy / accumulation_factor
+            loss = loss - self._entropy_bonus(entropies, effective_mask, mode)
             self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
         if self.aux_loss_enabled:
+            accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation_factor
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
         self._log_rpg_metrics(mode, stats, mask, entropies)
         return loss
+
+    def _aggregate(self, per_token_loss, mask, inputs, mode):
+        """Reduce the per-token loss with the normaliser of TRL's `loss_type` (GRPOTrainer._compute_loss, TRL 1.16),
+        so that RPG and GRPO losses are on the same scale; returns `(loss, policy_loss)` (the latter detached, before
+        the gradient-accumulation scaling, as GRPOTrainer logs it)."""
+        args: RPGConfig = self.args
+        loss_mask = mask.to(per_token_loss.dtype)
+        accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        if args.loss_type == "dapo":
+            # The token count of the whole generation batch, rescaled to one micro-batch of one process, so that
+            # gradient accumulation and multi-process runs equal one large batch.
+            num_items = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                num_items = num_items * self.current_gradient_accumulation_steps / args.steps_per_generation
+            loss = aggregate_loss(per_token_loss, loss_mask, "token-mean", num_items)
+            return loss, loss.detach()
+        if args.loss_type == "bnpo":  # the token count of this micro-batch
+            loss = aggregate_loss(per_token_loss, loss_mask, "token-mean")
+        else:
+            loss = aggregate_loss(per_token_loss, loss_mask, args.aggregation, max_length=args.max_completion_length)
+        return loss / accumulation_factor, loss.detach()
+
+    def _entropy_bonus(self, entropies, effective_mask, mode):
+        """The entropy bonus `coef · H` to subtract from the loss, with TRL's static (`entropy_coef`) or adaptive
+        (`use_adaptive_entropy`) coefficient and GRPOTrainer's metrics (`entropy_coef`) and state.
+
+        `H` is the mean entropy of the tokens the policy term acts on, scaled for gradient accumulation only. The
+        adaptive controller applies, during a whole accumulation window, the coefficient (gated by the last measured
+        entropy) fixed at the end of the previous window, then moves it by `entropy_coef_delta` toward more bonus
+        when the window's entropy (summed over micro-batches and processes) is at or below `entropy_target`, and
+        toward less otherwise, within [`entropy_coef_min`, `entropy_coef_max`]. The coefficient and the last entropy
+        are saved in checkpoints by GRPOTrainer (`entropy_ctrl_state.json`).
+        """
+        args: RPGConfig = self.args
+        accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        token_count = effective_mask.sum()
+        entropy_sum = (entropies * effective_mask).sum()
+        entropy = entropy_sum / token_count.clamp(min=1.0) / accumulation_factor
+        coef = self.entropy_coef
+        if self.use_adaptive_entropy and self._last_world_entropy > args.entropy_target:
+            coef = 0.0
+        if self.use_adaptive_entropy and mode == "train":
+            window = torch.stack([entropy_sum, token_count]).detach()
+            if self._entropy_window_stats is not None:
+                window = window + self._entropy_window_stats
+            self._entropy_window_stats = window
+            if self.accelerator.sync_gradients:  # the last micro-batch of the window: update for the next one
+                total = self.accelerator.reduce(window, reduction="sum")
+                world_entropy = (total[0] / total[1].clamp(min=1.0)).item()
+                step = args.entropy_coef_delta if world_entropy <= args.entropy_target else -args.entropy_coef_delta
+                self.entropy_coef = min(max(self.entropy_coef + step, args.entropy_coef_min), args.entropy_coef_max)
+                self._last_world_entropy = world_entropy
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return coef * entropy
 
     def _log_rpg_metrics(self, mode, stats, mask, entropies):
         """Log TRL-named metrics (`kl`, `entropy`, `clip_ratio/...`) and RPG's, reduced across processes."""
@@ -194,10 +251,18 @@ class RPGTrainer(GRPOTrainer):
         for i, key in enumerate(means):
             self._metrics[mode][key].append((totals[i] / global_count).item())
         self._metrics[mode]["entropy"].append((totals[len(means)] / global_count).item())
-        w_max = self.accelerator.gather(local["importance_weight/max"].reshape(1))
-        w_min = self.accelerator.gather(local["importance_weight/min"].reshape(1))
-        self._metrics[mode]["importance_weight/max"].append(nanmax(w_max).item())
-        self._metrics[mode]["importance_weight/min"].append(nanmin(w_min).item())
+        # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
+        # the largest of high-clipped tokens over the batch (NaN-free over empty sequences).
+        lengths = fmask.sum(-1)
+        low = (stats["is_low_clipped"] * fmask).sum(-1) / lengths
+        high = (stats["is_high_clipped"] * fmask).sum(-1) / lengths
+        extremes = torch.stack([local["importance_weight/max"], local["importance_weight/min"]])
+        gathered_low, gathered_high = self.accelerator.gather(low), self.accelerator.gather(high)
+        extremes = self.accelerator.gather(extremes.reshape(1, 2))
+        self._metrics[mode]["clip_ratio/low_min"].append(nanmin(gathered_low).item())
+        self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high).item())
+        self._metrics[mode]["importance_weight/max"].append(nanmax(extremes[:, 0]).item())
+        self._metrics[mode]["importance_weight/min"].append(nanmin(extremes[:, 1]).item())
 
     def _observe_reference_kl(self, mode, kl_sum, num_tokens):
         """Hand a training micro-batch's token KL to π_ref (summed over tokens and processes) to the reference sync."""

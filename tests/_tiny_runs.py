@@ -1,5 +1,6 @@
 """What the tests that train a tiny local Qwen3 on CPU share: the prompts and the settings of a short, quiet run."""
 
+import torch
 from datasets import Dataset
 
 
@@ -34,3 +35,48 @@ def tiny_run_args(output_dir, **overrides) -> dict:
         learning_rate=1e-2,
     )
     return quiet_cpu_args(output_dir, **{**defaults, **overrides})
+
+
+def fixed_inputs(trainer, batch_size=8, completion_len=6, seed=0, spread=0.5):
+    """A scored batch in the format `GRPOTrainer._compute_loss` receives, off-policy: π_old and π_ref are the
+    current policy's log-probs shifted by independent uniform noise in [-spread, spread] (spread 0.2 keeps every
+    importance weight inside RPG-Style Clip's trust region [0.8, 1.28]); ragged completions."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = trainer.processing_class.vocab_size
+    prompt_ids = torch.randint(2, vocab, (batch_size, 4), generator=g)
+    completion_ids = torch.randint(2, vocab, (batch_size, completion_len), generator=g)
+    completion_mask = torch.ones(batch_size, completion_len, dtype=torch.long)
+    for i in range(batch_size):
+        completion_mask[i, completion_len - (i % 4) :] = 0
+    with torch.no_grad():
+        logps = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([torch.ones_like(prompt_ids), completion_mask], 1),
+            completion_len,
+        )[0]
+
+    def noise():
+        return (2 * torch.rand(logps.shape, generator=g) - 1) * spread
+
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.randn(batch_size, generator=g),
+        "old_per_token_logps": logps + noise(),
+        "ref_per_token_logps": logps + noise(),
+        "num_items_in_batch": completion_mask.sum(),
+    }
+
+
+def loss_and_grad(trainer, inputs, accumulation_steps=1):
+    """The training loss of `trainer._compute_loss` on `inputs` and the flattened gradient it gives."""
+    trainer.model.train()
+    trainer.model.zero_grad()
+    trainer.current_gradient_accumulation_steps = accumulation_steps
+    loss = trainer._compute_loss(trainer.model, inputs)
+    loss.backward()
+    grads = torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None])
+    return loss.detach(), grads

@@ -16,7 +16,7 @@ BETA = 0.3  # large enough that the KL part of W is clearly visible in the gradi
 
 
 def closed_form_W(divergence, lp, old, ref, adv, beta):
-    """W of RPG_SPEC §2 (Props 3.2, 3.6, E.1, E.3 with a separate reference), float64 numpy."""
+    """W of docs/design.md (Props 3.2, 3.6, E.1, E.3 with a separate reference), float64 numpy."""
     w = np.exp(lp - old)
     r = np.ones_like(w) if ref is None else np.exp(ref - old)
     log_rho = np.log(w) - np.log(r)
@@ -96,7 +96,7 @@ def test_on_policy_is_reinforce_plus_kl_constant(divergence, estimator):
     assert float(metrics["importance_weight/mean"]) == pytest.approx(1.0)
 
 
-# Tokens placed in each region of RPG-Style Clip (eps_low=0.2, eps_high=0.28, c=10); RPG_SPEC §3.
+# Tokens placed in each region of RPG-Style Clip (eps_low=0.2, eps_high=0.28, c=10); docs/design.md, "RPG-Style Clip".
 #            (advantage, w,    reward term active?)
 CLIP_CASES = [
     (+1.0, 0.50, True),  # A > 0: active below 1 + eps_high, also below 1 - eps_low

@@ -1,0 +1,186 @@
+"""Drop-in parity with TRL's `GRPOTrainer`: where an RPG setting coincides with a GRPO setting, the loss, the gradient,
+the metrics and the state are GRPOTrainer's on the same batch or the same run (the expected values come from TRL)."""
+
+import json
+import math
+
+import pytest
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from rpg_trl import RPGConfig, RPGTrainer
+from rpg_trl.tiny import build_char_tokenizer
+
+from _tiny_runs import PROMPTS, fixed_inputs, loss_and_grad, tiny_run_args
+
+
+def count_sevens(completions, **kwargs):
+    return [c.count("7") / 8 for c in completions]
+
+
+def make_trainer(model_dir, tmp_path, trainer_cls=RPGTrainer, config_cls=RPGConfig, **overrides):
+    args = config_cls(**tiny_run_args(tmp_path, **overrides))
+    return trainer_cls(model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer())
+
+
+def logged(trainer, key):
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
+#: RPG settings whose loss is GRPO's PPO clip (+ TRL's bias-corrected k3 when beta > 0): the differentiable estimator,
+#: RPG-URKL toward the reference model, and a dual-clip bound too far to act.
+COINCIDING_RPG = dict(estimator="differentiable", divergence="urkl", clip_c=1e9)
+
+
+def _pair(model_dir, tmp_path, loss_type, beta, **shared):
+    shared = dict(epsilon=0.2, epsilon_high=0.28, scale_rewards="group", loss_type=loss_type, **shared)
+    grpo = make_trainer(model_dir, tmp_path / "g", GRPOTrainer, GRPOConfig, beta=beta, **shared)
+    anchor = dict(kl_anchor="reference") if beta else {}
+    rpg = make_trainer(model_dir, tmp_path / "r", beta=beta, **anchor, **COINCIDING_RPG, **shared)
+    for p_g, p_r in zip(grpo.model.parameters(), rpg.model.parameters()):
+        assert torch.equal(p_g, p_r)
+    return grpo, rpg
+
+
+def _assert_same(grpo, rpg, inputs, accumulation_steps=1):
+    loss_g, grad_g = loss_and_grad(grpo, inputs, accumulation_steps)
+    loss_r, grad_r = loss_and_grad(rpg, inputs, accumulation_steps)
+    assert torch.allclose(loss_g, loss_r, rtol=1e-5, atol=1e-8), (loss_g, loss_r)
+    assert torch.allclose(grad_g, grad_r, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo", "grpo", "dr_grpo", "luspo"])
+def test_loss_type_normalisers_and_masks_equal_grpo_trainer(tiny_model_dir, tmp_path, loss_type):
+    """TRL's normaliser of every loss_type, with and without TRL's credit-assignment masks (which act on the policy
+    term only, while β·KL acts on every token), on an off-policy batch with the KL term toward a reference."""
+    grpo, rpg = _pair(tiny_model_dir, tmp_path, loss_type, beta=0.1)
+    inputs = fixed_inputs(grpo, spread=0.2)  # inside the trust region: RPG's clipped KL weight is w itself
+    _assert_same(grpo, rpg, inputs)
+    _assert_same(grpo, rpg, inputs, accumulation_steps=2)
+    for trainer in (grpo, rpg):
+        trainer.top_entropy_quantile = 0.5
+    _assert_same(grpo, rpg, inputs)
+    for trainer in (grpo, rpg):
+        trainer.top_entropy_quantile = 1.0
+        trainer.off_policy_mask_threshold = 0.004
+    # The off-policy mask drops some sequences (negative advantage, sequence KL above the threshold) and keeps others.
+    grpo.model.eval()
+    with torch.no_grad():
+        logps = grpo._get_per_token_logps_and_entropies(
+            grpo.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            inputs["completion_ids"].size(1),
+        )[0]
+    kept = grpo.get_off_policy_mask(
+        inputs["advantages"].unsqueeze(1), logps, inputs["old_per_token_logps"], inputs["completion_mask"], 0.004
+    )
+    assert 0 < kept.sum() < kept.numel()
+    _assert_same(grpo, rpg, inputs)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_ppo_clip_equals_grpo_trainer_outside_the_trust_region(tiny_model_dir, tmp_path, loss_type):
+    # β = 0: RPG's differentiable reward term with an unreachable dual-clip bound is PPO's clip, clipping included.
+    grpo, rpg = _pair(tiny_model_dir, tmp_path, loss_type, beta=0.0)
+    _assert_same(grpo, rpg, fixed_inputs(grpo, spread=0.6))
+    assert rpg._metrics["train"]["clip_ratio/region_mean"][-1] > 0.1  # the clip acts on this batch
+
+
+def test_uncorrected_k3_equals_grpo_trainer_without_bias_correction(tiny_model_dir, tmp_path):
+    # GRPO's `use_bias_correction_kl=False` is honoured: RPG switches to its uncorrected-k3 ablation.
+    shared = dict(epsilon=0.2, epsilon_high=0.28, use_bias_correction_kl=False, beta=0.1)
+    grpo = make_trainer(tiny_model_dir, tmp_path / "g", GRPOTrainer, GRPOConfig, **shared)
+    rpg = make_trainer(tiny_model_dir, tmp_path / "r", kl_anchor="reference", **COINCIDING_RPG, **shared)
+    assert rpg.args.kl_importance_weight is False
+    _assert_same(grpo, rpg, fixed_inputs(grpo, spread=0.6))
+
+
+def test_dr_grpo_is_not_the_sequence_mean_of_token_sums(tiny_model_dir, tmp_path):
+    # Dr. GRPO divides by batch size × max_completion_length (8 here), not by the batch size: a factor 8 apart.
+    rpg = make_trainer(tiny_model_dir, tmp_path / "a", loss_type="dr_grpo", **COINCIDING_RPG)
+    luspo = make_trainer(tiny_model_dir, tmp_path / "b", loss_type="luspo", **COINCIDING_RPG)
+    inputs = fixed_inputs(rpg, spread=0.2)
+    loss_dr, _ = loss_and_grad(rpg, inputs)
+    loss_lu, _ = loss_and_grad(luspo, inputs)
+    assert rpg.args.max_completion_length == 8
+    assert loss_dr.item() == pytest.approx(loss_lu.item() / 8, rel=1e-6)
+
+
+# ================================================================================================ entropy bonus
+_SAME_RUN = dict(beta=0.0, epsilon_high=0.28, scale_rewards="group", steps_per_generation=2, max_steps=3)
+
+
+def _same_run_pair(model_dir, tmp_path, **overrides):
+    # Built and trained one after the other, so that each run starts from the same seeded RNG state.
+    grpo = make_trainer(model_dir, tmp_path / "g", GRPOTrainer, GRPOConfig, **{**_SAME_RUN, **overrides})
+    grpo.train()
+    rpg = make_trainer(model_dir, tmp_path / "r", **COINCIDING_RPG, **{**_SAME_RUN, **overrides})
+    rpg.train()
+    return grpo, rpg
+
+
+def _assert_same_logs(grpo, rpg, keys):
+    for key in keys:
+        got, expected = logged(rpg, key), logged(grpo, key)
+        assert len(got) == len(expected) > 0, key
+        assert got == pytest.approx(expected, rel=1e-4, abs=1e-6), key
+
+
+def test_static_entropy_bonus_logs_as_grpo_trainer(tiny_model_dir, tmp_path):
+    grpo, rpg = _same_run_pair(tiny_model_dir, tmp_path, entropy_coef=0.01)
+    _assert_same_logs(grpo, rpg, ["entropy_coef", "policy_loss", "entropy", "loss"])
+    assert logged(rpg, "entropy_coef") == [0.01] * 3
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_adaptive_entropy_controller_follows_grpo_trainer(tiny_model_dir, tmp_path, accumulation):
+    # entropy_target far above the tiny model's entropy: the coefficient rises by delta at every optimizer step.
+    settings = dict(
+        use_adaptive_entropy=True,
+        entropy_coef=0.0,
+        entropy_coef_delta=0.01,
+        entropy_target=100.0,
+        gradient_accumulation_steps=accumulation,
+        per_device_train_batch_size=8 // accumulation,
+        steps_per_generation=2 * accumulation,
+    )
+    grpo, rpg = _same_run_pair(tiny_model_dir, tmp_path, **settings)
+    _assert_same_logs(grpo, rpg, ["entropy_coef", "policy_loss", "loss"])
+    assert logged(rpg, "entropy_coef") == pytest.approx([0.01, 0.02, 0.03])
+    assert rpg.entropy_coef == pytest.approx(0.03) and math.isfinite(rpg._last_world_entropy)
+
+
+def test_adaptive_entropy_coefficient_survives_a_resume(tiny_model_dir, tmp_path):
+    settings = dict(
+        **COINCIDING_RPG,
+        use_adaptive_entropy=True,
+        entropy_coef_delta=0.01,
+        entropy_target=100.0,
+        save_strategy="steps",
+        save_steps=2,
+    )
+    first = make_trainer(tiny_model_dir, tmp_path, max_steps=2, **settings)
+    first.train()
+    state = json.loads((tmp_path / "checkpoint-2" / "entropy_ctrl_state.json").read_text())
+    assert state["entropy_coef"] == pytest.approx(0.02)
+    resumed = make_trainer(tiny_model_dir, tmp_path, max_steps=3, **settings)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert logged(resumed, "entropy_coef")[-1] == pytest.approx(0.03)
+
+
+# ========================================================================================== reference anchor
+@pytest.mark.parametrize(
+    "overrides", [dict(sync_ref_model=True), dict(ref_model_sync_kl_threshold=0.1)], ids=["sync", "kl-threshold"]
+)
+def test_asking_for_a_reference_anchors_the_kl_to_it(tiny_model_dir, tmp_path, overrides):
+    trainer = make_trainer(tiny_model_dir, tmp_path, **overrides)
+    assert trainer.args.kl_anchor == "reference" and trainer.ref_model is not None
+    assert trainer.ref_sync_callback is not None
+    with pytest.raises(ValueError, match="kl_anchor='sampling'"):
+        RPGConfig(**tiny_run_args(tmp_path, kl_anchor="sampling", **overrides))
+
+
+def test_model_carries_the_variant_tag(tiny_model_dir, tmp_path):
+    trainer = make_trainer(tiny_model_dir, tmp_path, divergence="ufkl", estimator="differentiable")
+    assert {"trl", "rpg", "rpg-ufkl"} <= set(trainer.model.model_tags)

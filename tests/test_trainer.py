@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS

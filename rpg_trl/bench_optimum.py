@@ -1,0 +1,671 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+r"""The ``rpg-trl bench-optimum`` command: each RPG variant, trained end to end, lands on the optimum of its own objective.
+
+The paper's central claim (Sec. 3, Tables 1 and 4) is that each RPG loss gives the exact gradient of its
+KL-regularised objective ``J(π) = E_π[R] − β·D``, while GRPO's k3 penalty without the importance weight does not
+(Sec. 2.2). On a task whose optima are known in closed form, this command trains [`RPGTrainer`] for every divergence ×
+estimator, on-policy and off-policy, GRPO's uncorrected k3 penalty, and TRL's own GRPOTrainer with its k3 penalty
+with and without the importance weight (`use_bias_correction_kl`), and measures how far each learned policy ends from
+each optimum (total variation distance). The derivations are in ``docs/bench_optimum.md``.
+
+**Task.** One prompt; the completion is a single token ``y`` of a tiny Qwen3 ([`rpg_trl.tiny`]) whose whole vocabulary
+has ``K = 8`` tokens, so the policy is the model's next-token distribution ``π(y)`` after the prompt, a softmax over
+the ``K`` tokens. The reward is ``R(y) = y / (K − 1)`` for token id ``y``. The reference ``π_ref`` is the initial model,
+fitted beforehand to a distribution that decreases with ``y`` (against the reward), and the KL is anchored to it
+(``kl_anchor="reference"``) with β = 0.2, far above the paper's 1e-4, so that the KL shapes the optimum.
+
+**Optima** (``docs/bench_optimum.md``). With advantage = reward − group mean over groups of ``G`` completions
+(``scale_rewards="none"``), the expected gradient of the reward term is that of ``(1 − 1/G)·E_π[R]``: the effective
+reward is ``R̃ = (1 − 1/G)·R``. Over the simplex UKL equals KL (the extra terms sum to zero), so the unnormalised
+variants share the optimum of their normalised counterparts:
+
+* reverse (``rkl``, ``urkl``): ``π*(y) ∝ π_ref(y)·exp(R̃(y)/β)``;
+* forward (``fkl``, ``ufkl``): ``π*(y) = β·π_ref(y) / (λ − R̃(y))``, with ``λ ∈ (max R̃, max R̃ + β]`` such that
+  ``Σ_y π*(y) = 1`` (solved by bisection).
+
+GRPO's uncorrected k3 penalty estimates the reverse UKL, but its expected gradient is that of the *forward* KL
+(``E_π[∇_θ k3(π_ref/π_θ)] = −Σ_y π_ref(y)·∇_θ log π_θ(y) = ∇_θ KL(π_ref‖π_θ)``), so its stationary point is the
+forward optimum.
+
+**Runs.** Every variant trains from the reference with the same budget: ``batch_size`` completions per optimizer step
+(groups of ``num_generations``), Adam, a learning rate decaying to 0 (cosine) over ``steps`` optimizer steps. On-policy:
+one optimizer step per generation batch (``w = 1``). Off-policy: ``steps_per_generation=2`` and ``num_iterations=2``,
+four optimizer steps per generation batch, so ``w ≠ 1`` and the RPG-Style Clip can act.
+
+Outputs in ``--output_dir``: ``table.md``, ``bench_optimum.png``, the reference model (``reference/``) and
+``results.json`` (or ``--output_json``): the optima, each run's learned distribution, its distances and their curve.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Closed-form optima (docs/bench_optimum.md)
+# ----------------------------------------------------------------------------------------------------------------------
+
+#: Which optimum each divergence's objective has over the simplex (UKL = KL there, docs/bench_optimum.md).
+OPTIMUM_OF_DIVERGENCE = {"rkl": "reverse", "urkl": "reverse", "fkl": "forward", "ufkl": "forward"}
+OPTIMA = ("reverse", "forward")
+
+
+def effective_reward_scale(num_generations: int) -> float:
+    """``1 − 1/G``: with advantage = reward − mean of its group of ``G`` (the group includes the sample itself), the
+    expected policy gradient is ``(1 − 1/G)·∇E_π[R]`` (the other ``G − 1`` rewards are independent of the sample and
+    ``E_π[∇ log π] = 0``), on-policy and, with importance weights, off-policy."""
+    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
+        raise ValueError(f"`num_generations` must be an integer >= 2 (a group baseline); got {num_generations!r}.")
+    return 1.0 - 1.0 / num_generations
+
+
+def _check_distribution(name: str, probs: list[float]) -> list[float]:
+    probs = [float(p) for p in probs]
+    if not probs or any(not (p > 0.0 and math.isfinite(p)) for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
+        raise ValueError(f"`{name}` must be a distribution with positive entries summing to 1; got {probs!r}.")
+    return probs
+
+
+def _check_inputs(ref_probs, rewards, beta) -> tuple[list[float], list[float]]:
+    ref_probs = _check_distribution("ref_probs", ref_probs)
+    rewards = [float(r) for r in rewards]
+    if len(rewards) != len(ref_probs) or not all(math.isfinite(r) for r in rewards):
+        raise ValueError(
+            f"`rewards` must hold one finite reward per token ({len(ref_probs)}); got {len(rewards)} values."
+        )
+    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (beta > 0 and math.isfinite(beta)):
+        raise ValueError(f"`beta` must be a positive finite number; got {beta!r}.")
+    return ref_probs, rewards
+
+
+def reverse_kl_optimum(ref_probs, rewards, beta: float) -> list[float]:
+    """Maximiser over the simplex of ``E_π[R] − β·KL(π‖π_ref)`` (and of ``− β·UKL(π‖π_ref)``, equal on the simplex):
+    ``π*(y) ∝ π_ref(y)·exp(R(y)/β)`` (the Gibbs distribution; Lagrange condition ``R − β(log(π/π_ref) + 1) = λ``)."""
+    ref_probs, rewards = _check_inputs(ref_probs, rewards, beta)
+    logits = [math.log(p) + r / beta for p, r in zip(ref_probs, rewards)]
+    top = max(logits)
+    weights = [math.exp(z - top) for z in logits]
+    total = sum(weights)
+    return [v / total for v in weights]
+
+
+def forward_kl_optimum(ref_probs, rewards, beta: float) -> list[float]:
+    """Maximiser over the simplex of ``E_π[R] − β·KL(π_ref‖π)`` (and of ``− β·UKL(π_ref‖π)``, equal on the simplex).
+
+    The Lagrange condition ``R(y) + β·π_ref(y)/π(y) = λ`` gives ``π(y) = β·π_ref(y)/(λ − R(y))``; ``λ`` is the unique
+    root in ``(max R, max R + β]`` of ``Σ_y β·π_ref(y)/(λ − R(y)) = 1`` (the sum decreases from +∞ and is ≤ 1 at
+    ``max R + β``), found by bisection to machine precision.
+    """
+    ref_probs, rewards = _check_inputs(ref_probs, rewards, beta)
+    top = max(rewards)
+
+    def mass(lam: float) -> float:
+        return sum(beta * p / (lam - r) for p, r in zip(ref_probs, rewards))
+
+    low, high = top, top + beta  # mass(low+) = +inf, mass(high) <= 1
+    for _ in range(200):
+        mid = 0.5 * (low + high)
+        if mid <= low or mid >= high:
+            break
+        if mass(mid) > 1.0:
+            low = mid
+        else:
+            high = mid
+    probs = [beta * p / (high - r) for p, r in zip(ref_probs, rewards)]
+    total = sum(probs)  # 1 up to the bisection's last ulp
+    return [p / total for p in probs]
+
+
+def kl_optimum(kind: str, ref_probs, rewards, beta: float) -> list[float]:
+    """The ``"reverse"`` or ``"forward"`` optimum ([`reverse_kl_optimum`], [`forward_kl_optimum`])."""
+    if kind == "reverse":
+        return reverse_kl_optimum(ref_probs, rewards, beta)
+    if kind == "forward":
+        return forward_kl_optimum(ref_probs, rewards, beta)
+    raise ValueError(f"Unknown optimum {kind!r}; choose 'reverse' or 'forward'.")
+
+
+def total_variation(p, q) -> float:
+    """``½·Σ|p − q|``, the total variation distance between two distributions on the same tokens."""
+    if len(p) != len(q):
+        raise ValueError(f"Distributions over different supports: {len(p)} vs {len(q)} tokens.")
+    return 0.5 * sum(abs(float(a) - float(b)) for a, b in zip(p, q))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Variants
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A method of the benchmark: which trainer runs it, its configuration, and the optimum of the objective it is
+    meant to maximise."""
+
+    trainer: str  #: "rpg" (RPGTrainer) or "trl" (TRL's GRPOTrainer)
+    overrides: dict
+    objective: str  #: "reverse" or "forward"
+    #: "corrected": the gradient of its own objective (RPG, and TRL's importance-weighted k3); "uncorrected": GRPO's k3.
+    family: str = "corrected"
+
+
+def _variants() -> dict[str, Variant]:
+    # The names of `rpg_trl.losses.PAPER_NAMES`, spelled out so that this module imports without torch.
+    table = {}
+    for estimator, prefix in (("differentiable", "RPG-"), ("reinforce", "RPG-REINFORCE-")):
+        for divergence in ("fkl", "ufkl", "rkl", "urkl"):
+            overrides = {"divergence": divergence, "estimator": estimator}
+            table[prefix + divergence.upper()] = Variant("rpg", overrides, OPTIMUM_OF_DIVERGENCE[divergence])
+    # GRPO's k3 penalty without the importance weight (Sec. 2.2): meant to estimate UKL(π_θ‖π_ref), whose optimum is
+    # the reverse one. "differentiable" adds β·k3 to the loss as GRPO does; "reinforce" is its stop-gradient form.
+    for estimator, name in (("differentiable", "GRPO-k3"), ("reinforce", "GRPO-k3-REINFORCE")):
+        overrides = {"divergence": "urkl", "estimator": estimator, "kl_importance_weight": False}
+        table[name] = Variant("rpg", overrides, "reverse", "uncorrected")
+    # TRL's own GRPOTrainer: its β·k3 term is multiplied by the importance weight by default since TRL 1.16
+    # (`use_bias_correction_kl=True`, the gradient of UKL(π_θ‖π_ref) like RPG-URKL); False is GRPO's original penalty.
+    table["TRL-GRPO"] = Variant("trl", {"use_bias_correction_kl": True}, "reverse")
+    table["TRL-GRPO-uncorrected"] = Variant("trl", {"use_bias_correction_kl": False}, "reverse", "uncorrected")
+    return table
+
+
+#: Variant name -> [`Variant`].
+VARIANTS = _variants()
+#: Training regimes -> RPGConfig overrides. Off-policy: 4 optimizer steps per generation batch (2 micro-batches × 2
+#: iterations), so the importance weights differ from 1.
+REGIMES = {
+    "on-policy": {"steps_per_generation": 1, "num_iterations": 1},
+    "off-policy": {"steps_per_generation": 2, "num_iterations": 2},
+}
+
+#: The tiny model's vocabulary: `rpg_trl.tiny.build_char_tokenizer(ALPHABET)` has <pad>, </s>, ':', 'A', 'Q', 'a',
+#: 'b', 'c' (8 tokens), and every token is a possible one-token completion.
+ALPHABET = "abc"
+PROMPT = "A:"
+#: A one-layer Qwen3 (about 6k parameters): the policy is its next-token distribution after the prompt.
+MODEL_KWARGS = {
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 64,
+    "max_position_embeddings": 8,
+}
+#: Adam steps (lr 1e-2, cross-entropy) fitting the initial model to the target reference distribution.
+REFERENCE_FIT_STEPS = 300
+#: Prompts in the training dataset (all identical; TRL cycles through it).
+DATASET_SIZE = 1024
+
+
+@dataclass
+class BenchOptimumArguments:
+    """Arguments of ``rpg-trl bench-optimum``."""
+
+    output_dir: str = field(
+        default="runs/bench_optimum",
+        metadata={"help": "Where to write table.md, bench_optimum.png, results.json and the reference model."},
+    )
+    output_json: str | None = field(
+        default=None, metadata={"help": "Path of the JSON results. Default: <output_dir>/results.json."}
+    )
+    variants: list[str] | None = field(
+        default=None, metadata={"help": f"Variants to train, a subset of {list(VARIANTS)}. Default: all."}
+    )
+    regimes: list[str] = field(
+        default_factory=lambda: list(REGIMES),
+        metadata={"help": f"Training regimes, a subset of {list(REGIMES)}. Default: both."},
+    )
+    beta: float = field(
+        default=0.2, metadata={"help": "KL coefficient β (far above the paper's 1e-4, so that the KL matters)."}
+    )
+    reference_decay: float = field(
+        default=0.4,
+        metadata={
+            "help": "The reference is fitted to π_ref(y) ∝ exp(−decay·y), against the reward R(y) = y/(K−1), so "
+            "that the forward and reverse optima differ clearly (total variation ≈ 0.4 with the defaults)."
+        },
+    )
+    steps: int = field(default=300, metadata={"help": "Optimizer steps per run."})
+    learning_rate: float = field(
+        default=1e-2, metadata={"help": "Initial learning rate (Adam), decaying to 0 over `steps` (cosine)."}
+    )
+    batch_size: int = field(
+        default=128, metadata={"help": "Completions per optimizer step (per_device_train_batch_size)."}
+    )
+    num_generations: int = field(
+        default=8, metadata={"help": "Group size G of the baseline; the effective reward scale is 1 − 1/G."}
+    )
+    eval_every: int = field(default=10, metadata={"help": "Record the distances to the optima every N steps."})
+    seed: int = field(default=0, metadata={"help": "Seed of the reference model and of every run."})
+    num_threads: int = field(default=1, metadata={"help": "Torch CPU threads."})
+
+    def __post_init__(self):
+        if self.variants is None:
+            self.variants = list(VARIANTS)
+        for name, given, allowed in (("variants", self.variants, VARIANTS), ("regimes", self.regimes, REGIMES)):
+            unknown = [v for v in given if v not in allowed]
+            if unknown or not given:
+                raise ValueError(f"`{name}` must be a non-empty subset of {list(allowed)}; got {given!r}.")
+        for name in ("steps", "batch_size", "eval_every", "num_threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}` must be an integer >= 1; got {value!r}.")
+        effective_reward_scale(self.num_generations)  # raises for G < 2
+        if self.batch_size % self.num_generations:
+            raise ValueError(
+                f"`batch_size` ({self.batch_size}) must be a multiple of `num_generations` ({self.num_generations}): "
+                "each optimizer step takes whole groups."
+            )
+        for name in ("beta", "learning_rate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+                raise ValueError(f"`{name}` must be a positive finite number; got {value!r}.")
+        if not (isinstance(self.reference_decay, (int, float)) and math.isfinite(self.reference_decay)):
+            raise ValueError(f"`reference_decay` must be a finite number; got {self.reference_decay!r}.")
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The task
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Task:
+    """The one-token task: the saved reference model, its next-token distribution, the rewards and the optima."""
+
+    model_dir: str
+    tokens: list[str]
+    ref_probs: list[float]
+    rewards: list[float]
+    beta: float
+    reward_scale: float
+    #: "reverse"/"forward" -> the optimum for the effective reward (1 − 1/G)·R, and (key + "_unscaled") for R itself.
+    optima: dict[str, list[float]]
+
+
+def next_token_distribution(model, tokenizer, prompt: str = PROMPT) -> list[float]:
+    """The model's next-token distribution after `prompt` (temperature 1), as float64 numbers."""
+    import torch
+
+    input_ids = tokenizer(prompt, return_tensors="pt").input_ids.to(model.device)
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits[0, -1].double()
+    return torch.softmax(logits, dim=-1).tolist()
+
+
+def build_task(directory: str | Path, args: BenchOptimumArguments) -> Task:
+    """Build the tiny model, fit it to the target reference distribution, save it in `directory` and compute the
+    optima from the saved model's exact next-token distribution."""
+    import torch
+
+    from .tiny import build_char_tokenizer, build_tiny_qwen3
+
+    tokenizer = build_char_tokenizer(ALPHABET)
+    num_tokens = len(tokenizer)
+    model = build_tiny_qwen3(tokenizer, seed=args.seed, **MODEL_KWARGS)
+    target = torch.softmax(-args.reference_decay * torch.arange(num_tokens, dtype=torch.float32), dim=0)
+    input_ids = tokenizer(PROMPT, return_tensors="pt").input_ids
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    with torch.random.fork_rng():
+        torch.manual_seed(args.seed)
+        for _ in range(REFERENCE_FIT_STEPS):
+            log_probs = torch.log_softmax(model(input_ids=input_ids).logits[0, -1], dim=-1)
+            loss = -(target * log_probs).sum()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    # The optima use the distribution of the model the trainers load, not the target it was fitted to.
+    ref_probs = next_token_distribution(model.eval(), tokenizer)
+    rewards = [y / (num_tokens - 1) for y in range(num_tokens)]
+    scale = effective_reward_scale(args.num_generations)
+    optima = {}
+    for kind in OPTIMA:
+        optima[kind] = kl_optimum(kind, ref_probs, [scale * r for r in rewards], args.beta)
+        optima[kind + "_unscaled"] = kl_optimum(kind, ref_probs, rewards, args.beta)
+    return Task(
+        model_dir=str(directory),
+        tokens=tokenizer.convert_ids_to_tokens(list(range(num_tokens))),
+        ref_probs=ref_probs,
+        rewards=rewards,
+        beta=args.beta,
+        reward_scale=scale,
+        optima=optima,
+    )
+
+
+def token_reward(rewards: list[float]):
+    """A TRL reward function: the reward of the (single) completion token."""
+
+    def token_reward(completions, completion_ids, **kwargs):
+        out = []
+        for ids in completion_ids:
+            if len(ids) != 1:
+                raise ValueError(f"bench-optimum expects one-token completions; got {ids!r}.")
+            out.append(rewards[ids[0]])
+        return out
+
+    return token_reward
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Runs
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: str):
+    spec = VARIANTS[variant]
+    common = dict(
+        output_dir=output_dir,
+        beta=args.beta,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        scale_rewards="none",  # advantage = reward − group mean: the reward's scale is (1 − 1/G) exactly
+        loss_type="dapo",  # token-mean (one token per completion: the mean over completions)
+        num_generations=args.num_generations,
+        per_device_train_batch_size=args.batch_size,
+        gradient_accumulation_steps=1,
+        max_completion_length=1,
+        temperature=1.0,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=0,
+        weight_decay=0.0,
+        max_steps=args.steps,
+        logging_steps=args.steps,
+        seed=args.seed,
+        use_cpu=True,
+        bf16=False,
+        activation_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        **REGIMES[regime],
+        **spec.overrides,
+    )
+    if spec.trainer == "trl":
+        from trl import GRPOConfig
+
+        return GRPOConfig(**common)
+    from .config import RPGConfig
+
+    return RPGConfig(kl_anchor="reference", **common)
+
+
+def _tracker_class():
+    from transformers import TrainerCallback
+
+    class OptimumTracker(TrainerCallback):
+        """Records the distances of the policy to the optima every `every` steps and advances the progress bar."""
+
+        def __init__(self, task: Task, tokenizer, every: int, bar, label: str):
+            self.task, self.tokenizer, self.every, self.bar, self.label = task, tokenizer, every, bar, label
+            self.curve = []
+
+        def record(self, model, step: int):
+            was_training = model.training
+            probs = next_token_distribution(model.eval(), self.tokenizer)
+            model.train(was_training)
+            point = {"step": step, **{k: total_variation(probs, self.task.optima[k]) for k in OPTIMA}}
+            self.curve.append(point)
+            return point
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            self.record(model, 0)
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % self.every == 0 or state.global_step == state.max_steps:
+                point = self.record(model, state.global_step)
+                self.bar.set_postfix_str(
+                    f"{self.label}: TV reverse {point['reverse']:.3f}, forward {point['forward']:.3f}"
+                )
+            self.bar.update(1)
+
+    return OptimumTracker
+
+
+def train_variant(task: Task, args: BenchOptimumArguments, variant: str, regime: str, run_dir: Path, bar) -> dict:
+    """Train `variant` in `regime` from the reference with RPGTrainer; return its learned distribution and distances."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer, PrinterCallback
+    from trl import GRPOTrainer
+
+    from .trainer import RPGTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(task.model_dir)
+    tracker = _tracker_class()(task, tokenizer, args.eval_every, bar, f"{variant} {regime}")
+    trainer_class = RPGTrainer if VARIANTS[variant].trainer == "rpg" else GRPOTrainer
+    trainer = trainer_class(
+        model=task.model_dir,
+        reward_funcs=token_reward(task.rewards),
+        args=_config(args, variant, regime, str(run_dir)),
+        train_dataset=Dataset.from_dict({"prompt": [PROMPT] * DATASET_SIZE}),
+        processing_class=tokenizer,
+        callbacks=[tracker],
+    )
+    trainer.remove_callback(PrinterCallback)  # the progress bar reports; no log lines
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    probs = next_token_distribution(trainer.model.eval(), tokenizer)
+    return {
+        "variant": variant,
+        "regime": regime,
+        "objective": VARIANTS[variant].objective,
+        "probs": probs,
+        "tv": {kind: total_variation(probs, task.optima[kind]) for kind in task.optima},
+        "seconds": seconds,
+        "curve": tracker.curve,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Report
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _describe(variant: str) -> str:
+    spec = VARIANTS[variant]
+    if spec.trainer == "trl":
+        return f"TRL GRPOTrainer, use_bias_correction_kl={spec.overrides['use_bias_correction_kl']}"
+    text = f"RPGTrainer, {spec.overrides['divergence']}, {spec.overrides['estimator']}"
+    return text + (", kl_importance_weight=False" if spec.family == "uncorrected" else "")
+
+
+def format_table(task: Task, runs: list[dict], args: BenchOptimumArguments) -> str:
+    """Markdown table: per variant, the distances to both optima in each regime; the optimum of the objective the
+    variant is meant to maximise in bold."""
+    regimes = [r for r in REGIMES if r in args.regimes]
+    header = ["Method", "configuration", "objective's optimum"]
+    header += [f"TV to reverse π*, {r}" for r in regimes] + [f"TV to forward π*, {r}" for r in regimes]
+    lines = [
+        f"Total variation distance between the learned next-token distribution and each optimum after {args.steps} "
+        f"optimizer steps (β = {args.beta}, G = {args.num_generations}, {args.batch_size} completions per step; "
+        f"off-policy: 4 optimizer steps per generation batch). Bold: the optimum of the objective the method is meant "
+        f"to maximise. Between the two optima: {total_variation(task.optima['reverse'], task.optima['forward']):.3f}; "
+        f"from the reference to the reverse / forward optimum: "
+        f"{total_variation(task.ref_probs, task.optima['reverse']):.3f} / "
+        f"{total_variation(task.ref_probs, task.optima['forward']):.3f}.",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for variant in args.variants:
+        objective = VARIANTS[variant].objective
+        cells = [variant, _describe(variant), objective]
+        for kind in OPTIMA:
+            for regime in regimes:
+                run = next((r for r in runs if r["variant"] == variant and r["regime"] == regime), None)
+                text = "–" if run is None else f"{run['tv'][kind]:.3f}"
+                cells.append(f"**{text}**" if run is not None and kind == objective else text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+#: Colours of the figure, by divergence (RPG) or family.
+_COLORS = {"rkl": "C0", "urkl": "C9", "fkl": "C3", "ufkl": "C1", "trl": "C4", "uncorrected": "C2"}
+
+
+def _color_key(variant: str) -> str:
+    spec = VARIANTS[variant]
+    if spec.family == "uncorrected":
+        return "uncorrected"
+    return "trl" if spec.trainer == "trl" else spec.overrides["divergence"]
+
+
+def plot_results(task: Task, runs: list[dict], output: str) -> str:
+    """Learned vs optimal distributions (one panel per optimum, one for the uncorrected k3) and the distance to the
+    optimum of each method's objective along training."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(14, 9.5))
+    axes = axes.ravel()
+    x = list(range(len(task.tokens)))
+    labels = [f"{t}\nR={r:.2f}" for t, r in zip(task.tokens, task.rewards)]
+    panels = (
+        ("reverse", "(a) Reverse-KL objectives: RPG-RKL / URKL,\nTRL GRPO (importance-weighted k3)", "corrected"),
+        ("forward", "(b) Forward-KL objectives: RPG-FKL / UFKL", "corrected"),
+        ("forward", "(c) GRPO's k3 without importance weight\n(meant for the reverse objective)", "uncorrected"),
+    )
+    for ax, (kind, title, family) in zip(axes, panels):
+        other = "forward" if kind == "reverse" else "reverse"
+        ax.bar(x, task.optima[kind], width=0.8, color="0.85", edgecolor="0.5", label=f"{kind}-KL optimum")
+        ax.step(x, task.optima[other], where="mid", color="0.25", linestyle="--", lw=1.2, label=f"{other}-KL optimum")
+        ax.step(x, task.ref_probs, where="mid", color="0.6", linestyle=":", lw=1.2, label="π_ref")
+        chosen = [
+            r
+            for r in runs
+            if VARIANTS[r["variant"]].family == family and (family == "uncorrected" or r["objective"] == kind)
+        ]
+        for i, run in enumerate(chosen):
+            spec = VARIANTS[run["variant"]]
+            color = _COLORS[_color_key(run["variant"])]
+            offset = (i - (len(chosen) - 1) / 2) * 0.7 / max(len(chosen), 1)
+            ax.plot(
+                [v + offset for v in x],
+                run["probs"],
+                linestyle="none",
+                marker="s" if spec.trainer == "trl" or spec.overrides.get("estimator") == "differentiable" else "o",
+                markersize=4,
+                color=color,
+                markerfacecolor=color if run["regime"] == "on-policy" else "white",
+                label=f"{run['variant']}, {run['regime']}",
+            )
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.set_ylabel("probability")
+        ax.legend(fontsize=7, loc="upper left", ncol=2)
+        ax.grid(alpha=0.3, axis="y")
+    ax = axes[3]
+    for run in runs:
+        ax.plot(
+            [p["step"] for p in run["curve"]],
+            [p[run["objective"]] for p in run["curve"]],
+            color=_COLORS[_color_key(run["variant"])],
+            linestyle="-" if run["regime"] == "on-policy" else "--",
+            lw=1,
+            alpha=0.8,
+        )
+    ax.set_yscale("log")
+    ax.set_title("(d) TV to the optimum of the method's objective\n(solid on-policy, dashed off-policy)", fontsize=9)
+    ax.set_xlabel("optimizer step")
+    ax.grid(alpha=0.3)
+    names = {"rkl": "RPG-RKL", "urkl": "RPG-URKL", "fkl": "RPG-FKL", "ufkl": "RPG-UFKL", "trl": "TRL GRPO"}
+    names["uncorrected"] = "k3 without importance weight"
+    handles = [plt.Line2D([], [], color=c, label=names[k]) for k, c in _COLORS.items()]
+    ax.legend(handles=handles, fontsize=7)
+    fig.text(
+        0.5,
+        0.005,
+        "Markers: circle = REINFORCE estimator, square = differentiable (or TRL's loss); filled = on-policy, "
+        "hollow = off-policy (4 optimizer steps per generation batch).",
+        ha="center",
+        fontsize=8,
+    )
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.savefig(output, dpi=120)
+    plt.close(fig)
+    return output
+
+
+def run_bench(args: BenchOptimumArguments) -> dict:
+    """Build the task, train every (variant, regime) and write ``table.md``, the plot and the JSON results."""
+    from tqdm.auto import tqdm
+    from transformers.utils import logging as hf_logging
+
+    from .demo import cpu_session
+
+    start = time.perf_counter()
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # model loading/saving bars would break the benchmark's own
+    try:
+        with cpu_session(args.num_threads):
+            task = build_task(output_dir / "reference", args)
+            pairs = [(v, r) for v in args.variants for r in REGIMES if r in args.regimes]
+            runs = []
+            with tqdm(total=len(pairs) * args.steps, desc="bench-optimum", unit="step", dynamic_ncols=True) as bar:
+                for variant, regime in pairs:
+                    run_dir = output_dir / "runs" / variant / regime
+                    runs.append(train_variant(task, args, variant, regime, run_dir, bar))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    table = format_table(task, runs, args)
+    (output_dir / "table.md").write_text(table)
+    figure = plot_results(task, runs, str(output_dir / "bench_optimum.png"))
+    report = {
+        "table": [{k: r[k] for k in ("variant", "regime", "objective", "tv", "probs", "seconds")} for r in runs],
+        "task": asdict(task),
+        "runs": runs,
+        "seconds": time.perf_counter() - start,
+        "arguments": asdict(args),
+        "figure": figure,
+    }
+    output_json = Path(args.output_json) if args.output_json else output_dir / "results.json"
+    output_json.parent.mkdir(parents=True, exist_ok=True)
+    output_json.write_text(json.dumps(report, indent=2) + "\n")
+    report["output_json"] = str(output_json)
+    return report
+
+
+def add_parser(subparsers):
+    """Register ``rpg-trl bench-optimum`` (see [`rpg_trl.cli`])."""
+    return subparsers.add_parser(
+        "bench-optimum",
+        help="Each RPG variant, trained end to end, lands on the closed-form optimum of its own KL objective.",
+        description="On a one-token task whose KL-regularised optima are known in closed form, train RPGTrainer for "
+        "every divergence x estimator, on-policy and off-policy, and GRPO's uncorrected k3 penalty; print the total "
+        "variation distance of each learned distribution to the reverse- and forward-KL optima, and write table.md, "
+        "bench_optimum.png and results.json.",
+        dataclass_types=[BenchOptimumArguments],
+    )
+
+
+def run(args) -> int:
+    """Execute ``rpg-trl bench-optimum`` with the parsed command-line `args`."""
+    from .cli import CommandError
+
+    try:
+        bench_args = BenchOptimumArguments(
+            **{name: getattr(args, name) for name in BenchOptimumArguments.__dataclass_fields__}
+        )
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
+    report = run_bench(bench_args)
+    print()
+    print((Path(bench_args.output_dir) / "table.md").read_text())
+    print(
+        f"Total time {report['seconds']:.0f} s. Wrote {bench_args.output_dir}/table.md, bench_optimum.png and "
+        f"{report['output_json']}"
+    )
+    return 0

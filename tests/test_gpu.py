@@ -1,7 +1,16 @@
 """GPU checks (marked `gpu`, skipped without CUDA): bf16 training, gradient checkpointing, LoRA, DeepSpeed.
 
-Run on a GPU machine with `python -m pytest -q -m gpu tests/test_gpu.py`. The model is a randomly initialised Qwen3 of
-about 0.5B parameters built locally (no download), with a character tokenizer.
+Run on a GPU machine with `python -m pytest -q -m gpu tests/test_gpu.py` (`examples/gpu_run.sh` runs it, with the
+wheels a machine without network needs). The model is a randomly initialised Qwen3 of about 0.5B parameters built
+locally (no download), with a character tokenizer; every divergence x estimator trains in bf16 with gradient
+checkpointing; LoRA trains with the "ref" adapter as the synced reference; DeepSpeed ZeRO-2 and ZeRO-3 run through
+`accelerate launch` with the configs of `accelerate_configs/`.
+
+Dry run on CPU: `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` runs the same test functions, unmarked, on
+the CPU with the tiny Qwen3 of `rpg_trl.tiny` (still bf16 autocast and gradient checkpointing, fewer steps), so that
+the GPU suite is known to import and run before a GPU is at hand (`tests/test_gpu_dry_run.py` does this in CI). The
+DeepSpeed ZeRO stages skip in the dry run (DeepSpeed is not a CI dependency and ZeRO is exercised here on CUDA); the
+same training script still runs under `accelerate launch` without DeepSpeed (`stage` 0).
 """
 
 import importlib.util
@@ -22,7 +31,12 @@ from rpg_trl.tiny import build_char_tokenizer, save_tiny_model
 from _tiny_runs import PROMPTS
 
 
-pytestmark = pytest.mark.gpu
+#: `RPG_GPU_DRY_RUN=1`: run on CPU with the tiny model instead of skipping (a check that the GPU suite runs at all).
+DRY_RUN = os.environ.get("RPG_GPU_DRY_RUN", "0") not in ("", "0")
+DEVICE = "cpu" if DRY_RUN else "cuda"
+
+# Marked `gpu` (and so skipped without CUDA by conftest.py) except in the dry run, which is meant to run on CPU.
+pytestmark = [] if DRY_RUN else [pytest.mark.gpu]
 
 # ~0.5B parameters: 28 layers of hidden 1024, MLP 5120, 16 query / 4 key-value heads of 64.
 HALF_B = dict(
@@ -33,6 +47,9 @@ HALF_B = dict(
     intermediate_size=5120,
     max_position_embeddings=512,
 )
+#: The dry run's model: `rpg_trl.tiny`'s defaults (about 0.1M parameters).
+TINY = dict(max_position_embeddings=512)
+MODEL_SIZES, PARAM_RANGE = (TINY, (1e4, 1e6)) if DRY_RUN else (HALF_B, (0.4e9, 0.7e9))
 
 
 def count_sevens(completions, **kwargs):
@@ -41,11 +58,12 @@ def count_sevens(completions, **kwargs):
 
 @pytest.fixture(scope="module")
 def half_b_model_dir(tmp_path_factory):
-    path = save_tiny_model(tmp_path_factory.mktemp("qwen3-0.5b"), build_char_tokenizer(), **HALF_B)
+    """The ~0.5B Qwen3 (the tiny one in the dry run), saved with its character tokenizer."""
+    path = save_tiny_model(tmp_path_factory.mktemp("qwen3-0.5b"), build_char_tokenizer(), **MODEL_SIZES)
     from safetensors.torch import load_file
 
     n_params = sum(v.numel() for v in load_file(os.path.join(path, "model.safetensors")).values())
-    assert 0.4e9 < n_params < 0.7e9, n_params
+    assert PARAM_RANGE[0] < n_params < PARAM_RANGE[1], n_params
     return path
 
 
@@ -61,6 +79,7 @@ def gpu_args(tmp_path, **overrides):
         logging_steps=1,
         bf16=True,
         gradient_checkpointing=True,
+        use_cpu=DRY_RUN,
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,
@@ -68,6 +87,12 @@ def gpu_args(tmp_path, **overrides):
     )
     args.update(overrides)
     return RPGConfig(**args)
+
+
+def checkpointing(model) -> bool:
+    """Whether activation (gradient) checkpointing is on; the attribute was renamed in transformers 5.x."""
+    name = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else None
+    return bool(getattr(model, name or "is_gradient_checkpointing"))
 
 
 def logged(trainer, key):
@@ -81,16 +106,25 @@ def test_bf16_every_variant_finite_with_gradient_checkpointing(half_b_model_dir,
     trainer = RPGTrainer(
         half_b_model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
     )
-    assert next(trainer.model.parameters()).is_cuda
+    assert next(trainer.model.parameters()).device.type == DEVICE
     trainer.train()
-    assert all(math.isfinite(x) for x in logged(trainer, "loss"))
-    assert all(math.isfinite(x) for x in logged(trainer, "grad_norm"))
+    assert trainer.args.bf16 and checkpointing(trainer.model)
+    assert trainer.state.global_step == 4
+    for key in ("loss", "grad_norm", "kl", "clip_ratio/dual_mean", "importance_weight/max"):
+        values = logged(trainer, key)
+        assert len(values) == 4 and all(math.isfinite(x) for x in values), (key, values)
 
 
 def test_bf16_reward_rises(half_b_model_dir, tmp_path):
-    args = gpu_args(tmp_path, max_steps=40, learning_rate=3e-5, logging_steps=4)
+    # The tiny model of the dry run learns at a larger rate, in fewer steps (as tests/test_trainer.py's run).
+    settings = dict(max_steps=20, learning_rate=1e-2, logging_steps=4) if DRY_RUN else {}
+    settings = {**dict(max_steps=40, learning_rate=3e-5, logging_steps=4), **settings}
     trainer = RPGTrainer(
-        half_b_model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
+        half_b_model_dir,
+        count_sevens,
+        args=gpu_args(tmp_path, **settings),
+        train_dataset=PROMPTS,
+        processing_class=build_char_tokenizer(),
     )
     trainer.train()
     rewards = logged(trainer, "reward")
@@ -121,57 +155,78 @@ def test_lora_one_gpu_with_ref_adapter_sync(half_b_model_dir, tmp_path):
     syncs = logged(trainer, "ref/syncs")
     assert syncs and syncs[-1] >= 1
     params = dict(trainer.model.named_parameters())
-    for name, param in params.items():
-        if ".default." in name:
-            ref = params[name.replace(".default.", ".ref.")]
-            assert ref.device.type == "cuda"
+    pairs = [(name, name.replace(".default.", ".ref.")) for name in params if ".default." in name]
+    assert pairs
+    for name, ref_name in pairs:
+        assert params[ref_name].device.type == DEVICE
+        assert not params[ref_name].requires_grad and params[name].requires_grad
+    # A sync copies the trained adapter into "ref": some pair differs from LoRA's initialisation (B = 0).
+    assert any(params[ref_name].abs().sum() > 0 for name, ref_name in pairs if "lora_B" in name)
 
 
-DEEPSPEED_SCRIPT = textwrap.dedent("""
+TRAIN_SCRIPT = textwrap.dedent("""
     import json, math, sys
     from datasets import Dataset
     from rpg_trl import RPGConfig, RPGTrainer
     from rpg_trl.tiny import build_char_tokenizer
 
-    model_dir, out_dir, anchor = sys.argv[1:4]
+    model_dir, out_dir, anchor, use_cpu = sys.argv[1:5]
     ds = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
     args = RPGConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=4, max_completion_length=16,
                      steps_per_generation=2, max_steps=4, learning_rate=1e-5, bf16=True, gradient_checkpointing=True,
-                     kl_anchor=anchor, beta=1e-3, report_to="none", save_strategy="no", logging_steps=1)
+                     use_cpu=use_cpu == "1", kl_anchor=anchor, beta=1e-3, report_to="none", save_strategy="no",
+                     logging_steps=1)
     trainer = RPGTrainer(model_dir, lambda completions, **kw: [c.count("7") / 16 for c in completions], args=args,
                          train_dataset=ds, processing_class=build_char_tokenizer())
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    print(json.dumps({"losses": losses, "finite": all(math.isfinite(x) for x in losses)}))
+    kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
+    print(json.dumps({"losses": losses, "finite": all(math.isfinite(x) for x in losses + kls),
+                      "distributed_type": str(trainer.accelerator.distributed_type),
+                      "has_ref_model": trainer.ref_model is not None}))
 """)
+#: Kept under its first name for anything that imports it.
+DEEPSPEED_SCRIPT = TRAIN_SCRIPT
 
 
-@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="deepspeed is not installed")
-@pytest.mark.parametrize("stage", [2, 3])
+def _zero_stage_skip(stage):
+    if stage == 0:
+        return None
+    if DRY_RUN:
+        return "the dry run does not run DeepSpeed ZeRO (CUDA only here); stage 0 runs the same script"
+    if importlib.util.find_spec("deepspeed") is None:
+        return "deepspeed is not installed (examples/gpu_run.sh carries its wheel)"
+    return None
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
 @pytest.mark.parametrize("anchor", ["sampling", "reference"])
 def test_deepspeed_zero_single_process(half_b_model_dir, tmp_path, stage, anchor):
-    script = tmp_path / "ds_train.py"
-    script.write_text(DEEPSPEED_SCRIPT)
-    config = os.path.join(os.path.dirname(__file__), "..", "accelerate_configs", f"deepspeed_zero{stage}.yaml")
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        config,
-        "--num_processes",
-        "1",
-        str(script),
-        half_b_model_dir,
-        str(tmp_path / "out"),
-        anchor,
-    ]
+    """`accelerate launch --num_processes 1` of a 4-step bf16 run: DeepSpeed ZeRO-2 and ZeRO-3 with the configs of
+    `accelerate_configs/`, and stage 0, the same script without DeepSpeed."""
+    reason = _zero_stage_skip(stage)
+    if reason:
+        pytest.skip(reason)
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    if stage:
+        config = os.path.join(os.path.dirname(__file__), "..", "accelerate_configs", f"deepspeed_zero{stage}.yaml")
+        launcher = ["--config_file", config]
+    else:
+        launcher = ["--num_machines", "1", "--dynamo_backend", "no"]
+        launcher += ["--cpu", "--mixed_precision", "bf16"] if DRY_RUN else ["--mixed_precision", "bf16"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "1", str(script)]
+    cmd += [half_b_model_dir, str(tmp_path / "out"), anchor, "1" if DRY_RUN else "0"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["finite"] and len(result["losses"]) == 4
+    assert ("DEEPSPEED" in result["distributed_type"]) == (stage > 0), result["distributed_type"]
+    assert result["has_ref_model"] == (anchor == "reference")
 
 
 def test_cuda_is_really_used():
+    if DRY_RUN:
+        pytest.skip("the dry run runs on CPU")
     assert torch.cuda.is_available()
     assert torch.cuda.is_bf16_supported()

@@ -15,9 +15,15 @@ How it fits TRL's [`~trl.GRPOTrainer`] (RPG_SPEC §7):
   kept or dropped whole, on the process that generated them, without moving tensors between processes.
 - Rewards are gathered across processes inside TRL (`_calculate_rewards`), so every process knows the signal of every
   group and takes the same decisions (how many rounds, how many prompts per round).
-- Extra prompts are drawn by index from the training dataset with a random generator seeded by (seed, step, round),
-  identical on every process and reproducible on resume; each process takes its own slice. An extra round draws as
-  many prompts as the observed keep rate predicts are still missing on the neediest process, at most a full batch.
+- Extra prompts come from the data in order, as DAPO takes its next prompts from the data loader: a
+  [`PromptStream`] reads the training set's indices in successive shuffled passes (seeded by the trainer's `seed`),
+  so over a run every prompt is drawn about equally often and the stream advances through the data. A batch never
+  holds a prompt twice: prompts already in it (the data loader's, gathered from every process, and earlier rounds')
+  are passed over, unless the dataset is too small to avoid it. Every process holds the same stream and draws the same
+  global prompts, and takes its own slice (disjoint prompts). The stream's position is saved in checkpoints with the
+  generation state ([`rpg_trl.resume`]), so a resumed run draws what the interrupted one would have. An extra round
+  draws as many prompts as the observed keep rate predicts are still missing on the neediest process, at most a full
+  batch. (TRL's data loader keeps its own epoch: the replacement prompts do not shorten it.)
 - Advantages are TRL's, computed per generation round: with `scale_rewards="group"` or `"none"` (the paper's) they
   are per-group quantities and do not depend on the round; with `"batch"` the std is that of the round's batch.
 - TRL's reward metrics (`reward`, `frac_reward_zero_std`, the completions table) describe every generated sample,
@@ -34,8 +40,9 @@ and DAPO losses, for the baselines of `examples/rpg_math.py`).
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
 import torch
@@ -131,22 +138,61 @@ def groups_to_draw(missing: int, kept_fraction: float, full: int) -> int:
     return max(1, min(full, math.ceil(missing / kept_fraction)))
 
 
-def draw_prompt_indices(
-    dataset_size: int, groups_per_process: int, num_processes: int, process_index: int, seed: Sequence[int]
-) -> list[int]:
-    """
-    Dataset indices of the prompts a process generates for in an extra round.
+#: Mixed into the seed of the replacement-prompt order, so that it is not the order of TRL's own sampler.
+_STREAM_SEED_TAG = 0x52504753
 
-    The draw (without replacement unless the dataset is smaller than the round) depends only on `seed`, so every
-    process computes the same global draw and takes its own slice: processes get different prompts, and a resumed run
-    draws the same prompts again.
+
+class PromptStream:
     """
-    if dataset_size < 1:
-        raise ValueError("Dynamic sampling needs a non-empty training dataset to draw replacement prompts from.")
-    total = groups_per_process * num_processes
-    rng = np.random.default_rng([int(s) for s in seed])
-    indices = rng.choice(dataset_size, size=total, replace=total > dataset_size)
-    return indices[process_index * groups_per_process : (process_index + 1) * groups_per_process].tolist()
+    The indices of a dataset of `dataset_size` rows in successive shuffled passes, read in order: where dynamic
+    sampling takes its replacement prompts. Pass `epoch` is a permutation seeded by `(seed, epoch)`; `position` is the
+    next row of the current pass. The state is `(dataset_size, seed, epoch, position)` ([`state_dict`]): equal on
+    every process, saved in checkpoints.
+    """
+
+    def __init__(self, dataset_size: int, seed: int, epoch: int = 0, position: int = 0):
+        if dataset_size < 1:
+            raise ValueError("Dynamic sampling needs a non-empty training dataset to draw replacement prompts from.")
+        if not 0 <= position <= dataset_size or epoch < 0:
+            raise ValueError(f"Invalid stream position: epoch {epoch}, position {position} of {dataset_size} rows.")
+        self.dataset_size, self.seed, self.epoch, self.position = dataset_size, seed, epoch, position
+        self._order_epoch, self._order = None, None
+
+    def state_dict(self) -> dict:
+        return {"dataset_size": self.dataset_size, "seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    def next_index(self) -> int:
+        """The next index of the stream (a new pass starts when one ends)."""
+        if self.position == self.dataset_size:
+            self.epoch, self.position = self.epoch + 1, 0
+        if self._order_epoch != self.epoch:
+            rng = np.random.default_rng([int(self.seed), _STREAM_SEED_TAG, self.epoch])
+            self._order_epoch, self._order = self.epoch, rng.permutation(self.dataset_size)
+        self.position += 1
+        return int(self._order[self.position - 1])
+
+    def take(self, count: int, key: Callable[[int], Hashable], exclude: set) -> list[int]:
+        """
+        The next `count` indices of the stream whose `key` (e.g. the prompt's fingerprint) is not in `exclude`; the
+        keys taken are added to `exclude`. Indices passed over are consumed. Once every row has been passed over (all
+        are excluded: a dataset smaller than the batch), the next indices are taken as they come.
+        """
+        indices, passed_over = [], 0
+        while len(indices) < count:
+            index = self.next_index()
+            index_key = key(index)
+            if index_key in exclude and passed_over < 2 * self.dataset_size:  # 2 passes' worth: every row was seen
+                passed_over += 1
+                continue
+            exclude.add(index_key)
+            indices.append(index)
+        return indices
+
+
+def prompt_key(prompt) -> int:
+    """A 64-bit fingerprint of a prompt (a string or a list of chat messages), equal for equal prompts everywhere."""
+    digest = hashlib.blake2b(repr(prompt).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def select_groups(batch: dict, groups: Sequence[int], num_generations: int) -> dict:
@@ -240,8 +286,16 @@ def _signal_rewards(trainer, metric: str | None) -> torch.Tensor:
     return rewards_per_func[:, trainer.reward_func_names.index(metric)]
 
 
-def _draw_extra_inputs(trainer, groups_per_process: int, round_index: int) -> list:
-    """Local inputs for an extra round: `groups_per_process` prompts from the training set, each repeated G times."""
+def _batch_prompt_keys(trainer, inputs: list) -> set:
+    """Fingerprints of the prompts of the data loader's batch, every process's (a collective call)."""
+    accelerator = trainer.accelerator
+    local = [prompt_key(row["prompt"]) for row in inputs[:: trainer.num_generations]]
+    return set(accelerator.gather(torch.tensor(local, dtype=torch.long, device=accelerator.device)).tolist())
+
+
+def _draw_extra_inputs(trainer, groups_per_process: int, exclude: set) -> list:
+    """Local inputs for an extra round: the next `groups_per_process` prompts of this process's slice of the trainer's
+    [`PromptStream`] (prompts in `exclude` passed over), each repeated G times."""
     import datasets
 
     dataset = trainer.train_dataset
@@ -255,12 +309,21 @@ def _draw_extra_inputs(trainer, groups_per_process: int, round_index: int) -> li
         collate = trainer.data_collator
     else:
         collate = trainer._get_collator_with_removed_columns(trainer.data_collator, description="training")
+    stream = getattr(trainer, "_prompt_stream", None)
+    if stream is None or stream.dataset_size != len(dataset):
+        stream = trainer._prompt_stream = PromptStream(len(dataset), trainer.args.seed)
+    rows = {}
+
+    def key(index):
+        rows[index] = dataset[index]
+        return prompt_key(rows[index]["prompt"])
+
     accelerator = trainer.accelerator
-    seed = (trainer.args.seed, trainer.state.global_step, trainer._step, round_index)
-    indices = draw_prompt_indices(
-        len(dataset), groups_per_process, accelerator.num_processes, accelerator.process_index, seed
-    )
-    return collate([dataset[i] for i in indices for _ in range(trainer.num_generations)])
+    indices = stream.take(groups_per_process * accelerator.num_processes, key, exclude)
+    local = indices[
+        accelerator.process_index * groups_per_process : (accelerator.process_index + 1) * groups_per_process
+    ]
+    return collate([rows[i] for i in local for _ in range(trainer.num_generations)])
 
 
 def generate_with_dynamic_sampling(trainer, generate_round: Callable[[list], dict], inputs: list) -> dict:
@@ -298,6 +361,7 @@ def generate_with_dynamic_sampling(trainer, generate_round: Callable[[list], dic
     kept_per_process = torch.zeros(num_processes, dtype=torch.long)
     generated = 0
     round_inputs = inputs
+    in_batch = None  # fingerprints of the batch's prompts, gathered at the first extra round
     for round_index in range(1, args.dynamic_sampling_max_rounds + 1):
         outputs.append(generate_round(round_inputs))
         # Gathered over processes in process order, so every process sees the same (P, groups per process) table.
@@ -310,7 +374,9 @@ def generate_with_dynamic_sampling(trainer, generate_round: Callable[[list], dic
         if missing == 0 or round_index == args.dynamic_sampling_max_rounds:
             break
         kept_fraction = kept_per_process.sum().item() / generated
-        round_inputs = _draw_extra_inputs(trainer, groups_to_draw(missing, kept_fraction, groups_needed), round_index)
+        if in_batch is None:
+            in_batch = _batch_prompt_keys(trainer, inputs)
+        round_inputs = _draw_extra_inputs(trainer, groups_to_draw(missing, kept_fraction, groups_needed), in_batch)
 
     picks, _ = choose_groups(local_signals, groups_needed)
     pieces = [select_groups(out, p, num_generations) for out, p in zip(outputs, picks) if p]
@@ -330,7 +396,8 @@ class DynamicSamplingMixin:
     Adds DAPO dynamic sampling to a [`~trl.GRPOTrainer`] subclass, e.g. `class DAPOTrainer(DynamicSamplingMixin,
     GRPOTrainer)`. Its `args` must carry [`~rpg_trl.RPGConfig`]'s `dynamic_sampling`, `dynamic_sampling_max_rounds` and
     `dynamic_sampling_metric` (a plain `GRPOConfig` has none of them: sampling is then TRL's). [`~rpg_trl.RPGTrainer`]
-    has the same two overrides built in.
+    has the same two overrides built in, and saves the replacement prompts' position in its checkpoints
+    ([`rpg_trl.resume`]); with this mixin alone a resumed run reads them from the start of the stream again.
     """
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

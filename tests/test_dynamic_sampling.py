@@ -12,13 +12,14 @@ from datasets import Dataset
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.dynamic_sampling import (
+    PromptStream,
     choose_groups,
     concat_batches,
-    draw_prompt_indices,
     generate_with_dynamic_sampling,
     groups_to_draw,
     groups_with_signal,
     num_loss_tokens,
+    prompt_key,
     select_groups,
 )
 from rpg_trl.tiny import build_char_tokenizer
@@ -67,15 +68,51 @@ def test_groups_to_draw(missing, kept_fraction, full, expected):
     assert groups_to_draw(missing, kept_fraction, full) == expected
 
 
-def test_draw_prompt_indices_is_one_global_draw_sliced_per_process():
-    draws = [draw_prompt_indices(100, 5, 3, p, seed=(0, 7, 1)) for p in range(3)]
-    flat = [i for d in draws for i in d]
-    assert all(len(d) == 5 for d in draws)
-    assert len(set(flat)) == 15  # without replacement when the dataset is large enough
-    assert draws[1] == draw_prompt_indices(100, 5, 3, 1, seed=(0, 7, 1))  # reproducible (resume)
-    assert flat != [i for p in range(3) for i in draw_prompt_indices(100, 5, 3, p, seed=(0, 7, 2))]
-    small = draw_prompt_indices(4, 5, 2, 0, seed=(1,))
-    assert len(small) == 5 and all(0 <= i < 4 for i in small)  # with replacement when it is not
+def _stream_order(dataset_size, seed, count):
+    stream = PromptStream(dataset_size, seed)
+    return [stream.next_index() for _ in range(count)]
+
+
+def test_prompt_stream_reads_shuffled_passes_in_order_and_resumes_from_its_state():
+    stream = PromptStream(10, seed=3)
+    first_pass, second_pass = [stream.next_index() for _ in range(10)], [stream.next_index() for _ in range(10)]
+    assert sorted(first_pass) == sorted(second_pass) == list(range(10))  # every row once per pass
+    assert first_pass != list(range(10)) and first_pass != second_pass  # shuffled, a new order each pass
+    assert _stream_order(10, 3, 20) == first_pass + second_pass  # seeded
+    assert _stream_order(10, 4, 10) != first_pass
+    # Taking advances through the stream; a stream rebuilt from the state continues where the first one stopped.
+    stream = PromptStream(10, seed=3)
+    assert stream.take(4, key=lambda i: i, exclude=set()) == first_pass[:4]
+    state = stream.state_dict()
+    assert state == {"dataset_size": 10, "seed": 3, "epoch": 0, "position": 4}
+    resumed = PromptStream(**state)
+    assert resumed.take(6, key=lambda i: i, exclude=set()) == first_pass[4:]
+    assert resumed.take(2, key=lambda i: i, exclude=set()) == second_pass[:2]  # the next pass
+    with pytest.raises(ValueError, match="non-empty"):
+        PromptStream(0, seed=3)
+
+
+def test_prompt_stream_passes_over_prompts_already_in_the_batch():
+    order = _stream_order(10, 3, 20)
+    stream = PromptStream(10, seed=3)
+    in_batch = {order[0], order[2]}
+    assert stream.take(3, key=lambda i: i, exclude=in_batch) == [order[1], order[3], order[4]]
+    assert in_batch == {order[0], order[1], order[2], order[3], order[4]} and stream.position == 5
+    # The key decides: rows with equal prompts (here i and i + 5) count as the same prompt.
+    assert (
+        PromptStream(10, seed=3).take(5, key=lambda i: i % 5, exclude=set())
+        == [i for n, i in enumerate(order) if i % 5 not in {j % 5 for j in order[:n]}][:5]
+    )
+    # A dataset too small to avoid repeats: once every row was passed over, the stream's next rows are taken.
+    stream = PromptStream(3, seed=3)
+    assert stream.take(2, key=lambda i: i, exclude={0, 1, 2}) == _stream_order(3, 3, 8)[6:8]
+
+
+def test_prompt_key_is_a_fingerprint_of_the_prompt():
+    chat = [{"role": "user", "content": "1+1="}]
+    assert prompt_key("1+1=") == prompt_key("1+1=") != prompt_key("1+2=")
+    assert prompt_key(chat) == prompt_key([{"role": "user", "content": "1+1="}]) != prompt_key("1+1=")
+    assert isinstance(prompt_key(chat), int) and -(2**63) <= prompt_key(chat) < 2**63
 
 
 def _scored_batch(prompt_lens, completion_lens, advantages, pad_id=0, start=1):
@@ -140,28 +177,31 @@ def test_concat_batches_pads_prompts_left_and_completions_right():
 
 # ------------------------------------------------------------------------------------- the loop, simulated processes
 class _FakeAccelerator:
-    def __init__(self, num_processes, process_index):
-        self.num_processes, self.process_index = num_processes, process_index
+    device = torch.device("cpu")
 
-    def gather(self, tensor):  # every simulated process contributes the same token count
-        return tensor.reshape(1).repeat(self.num_processes)
+    def __init__(self, num_processes, process_index, first_round):
+        self.num_processes, self.process_index, self.first_round = num_processes, process_index, first_round
+
+    def gather(self, tensor):
+        if tensor.dim() == 0:  # the token count: every simulated process contributes the same
+            return tensor.reshape(1).repeat(self.num_processes)
+        # The fingerprints of the data loader's prompts: every process's, in process order.
+        return torch.tensor([prompt_key(row["prompt"]) for rows in self.first_round for row in rows[::2]])
 
 
-def _fake_trainer(num_processes, process_index, max_rounds, dataset_size=50, num_generations=2):
+def _fake_trainer(num_processes, process_index, max_rounds, first_round, dataset_size=50, num_generations=2):
     args = SimpleNamespace(
         dynamic_sampling=True, dynamic_sampling_max_rounds=max_rounds, dynamic_sampling_metric=None, seed=3
     )
     return SimpleNamespace(
         args=args,
         num_generations=num_generations,
-        accelerator=_FakeAccelerator(num_processes, process_index),
+        accelerator=_FakeAccelerator(num_processes, process_index, first_round),
         _metrics={"train": defaultdict(list)},
         _tokenizer=SimpleNamespace(pad_token_id=0),
         train_dataset=Dataset.from_dict({"prompt": [f"p{i}" for i in range(dataset_size)]}),
         _remove_unused_columns=lambda dataset, description: dataset,
         data_collator=lambda rows: rows,
-        state=SimpleNamespace(global_step=4),
-        _step=8,
         reward_weights=torch.ones(1),
         reward_func_names=["acc"],
     )
@@ -190,33 +230,35 @@ def _simulated_generate_round(trainer, all_inputs_of_round):
     return generate_round
 
 
-def _run_simulated(num_processes, max_rounds, first_round):
-    """Runs the loop on every simulated process; the global inputs of round k are rebuilt from each process's draw."""
+def _run_simulated(num_processes, max_rounds, first_round, steps=1):
+    """Runs the loop for `steps` generation batches on every simulated process (the same data loader batch each
+    time); the global inputs of an extra round are the stream's global draw, which every process computes alike.
+    Returns, per process, the batches, the metrics and the global draws of the extra rounds."""
     G, groups_per_process = 2, len(first_round[0]) // 2
     results = []
+    take = PromptStream.take
     for p in range(num_processes):
-        trainer = _fake_trainer(num_processes, p, max_rounds)
-        trainer.extra_rounds = 0
+        trainer = _fake_trainer(num_processes, p, max_rounds, first_round)
+        draws = []
 
-        def all_inputs_of_round(local_inputs, trainer=trainer):
-            if local_inputs is first_round[trainer.accelerator.process_index]:
+        def recording_take(stream, *args, draws=draws, **kwargs):
+            draws.append(take(stream, *args, **kwargs))
+            return draws[-1]
+
+        def all_inputs_of_round(local_inputs, p=p, draws=draws):
+            if local_inputs is first_round[p]:
                 return [row for rows in first_round for row in rows]
-            # An extra round: every process drew its slice of the same global draw; rebuild it.
-            trainer.extra_rounds += 1
-            seed = (trainer.args.seed, trainer.state.global_step, trainer._step, trainer.extra_rounds)
-            n = len(local_inputs) // G
-            return [
-                {"prompt": f"p{i}"}
-                for q in range(num_processes)
-                for i in draw_prompt_indices(50, n, num_processes, q, seed)
-                for _ in range(G)
-            ]
+            return [{"prompt": f"p{i}"} for i in draws[-1] for _ in range(G)]
 
-        batch = generate_with_dynamic_sampling(
-            trainer, _simulated_generate_round(trainer, all_inputs_of_round), first_round[p]
-        )
-        results.append((batch, dict(trainer._metrics["train"])))
-    assert all(len(batch["prompt"]) == groups_per_process * G for batch, _ in results)
+        with patch.object(PromptStream, "take", recording_take):
+            batches = [
+                generate_with_dynamic_sampling(
+                    trainer, _simulated_generate_round(trainer, all_inputs_of_round), first_round[p]
+                )
+                for _ in range(steps)
+            ]
+        results.append((batches[0] if steps == 1 else batches, dict(trainer._metrics["train"]), draws))
+    assert all(len(batch["prompt"]) == groups_per_process * G for batch, *_ in results if steps == 1)
     return results
 
 
@@ -224,12 +266,18 @@ def _rows(prompts, G=2):
     return [{"prompt": p} for p in prompts for _ in range(G)]
 
 
+def _stream_order_without(prompts, count):
+    """The first `count` rows of the simulated trainers' stream (50 prompts, seed 3) that are not `prompts`."""
+    order = _stream_order(50, 3, 50)
+    return [i for i in order if f"p{i}" not in prompts][:count]
+
+
 @pytest.mark.parametrize("num_processes", [1, 2])
 def test_loop_replaces_exactly_the_zero_variance_groups(num_processes):
     # 4 groups per process; p0, p3, p6, p9 have no signal.
     first = [_rows([f"p{i}" for i in range(4 * q, 4 * q + 4)]) for q in range(num_processes)]
     results = _run_simulated(num_processes, max_rounds=20, first_round=first)
-    for p, (batch, metrics) in enumerate(results):
+    for p, (batch, metrics, _) in enumerate(results):
         prompts = batch["prompt"][::2]
         assert all(_signal(x) for x in prompts), prompts  # every kept group has signal
         assert batch["prompt"][::2] == batch["prompt"][1::2]  # groups stay intact
@@ -238,24 +286,45 @@ def test_loop_replaces_exactly_the_zero_variance_groups(num_processes):
         assert batch["num_items_in_batch"].item() == num_processes * batch["completion_mask"].sum().item()
         assert metrics["dynamic_sampling/rounds"][0] >= 2
         assert metrics["dynamic_sampling/filled_fraction"] == [0.0]
-    # Every process took the same decisions.
-    assert len({tuple(m["dynamic_sampling/rounds"]) for _, m in results}) == 1
-    assert len({tuple(m["dynamic_sampling/kept_fraction"]) for _, m in results}) == 1
+    # Every process took the same decisions and computed the same global draws.
+    assert len({tuple(m["dynamic_sampling/rounds"]) for _, m, _ in results}) == 1
+    assert len({tuple(m["dynamic_sampling/kept_fraction"]) for _, m, _ in results}) == 1
+    assert len({str(draws) for *_, draws in results}) == 1
+    # The replacement prompts are the stream's next rows, the data loader's prompts (every process's) passed over.
+    draws = [i for draw in results[0][2] for i in draw]
+    in_loader_batch = {row["prompt"] for rows in first for row in rows}
+    assert draws == _stream_order_without(in_loader_batch, len(draws))
+    # No prompt twice in the batch: none across rounds, none across processes.
+    batch_prompts = [x for batch, *_ in results for x in batch["prompt"][::2]]
+    assert len(set(batch_prompts)) == len(batch_prompts)
+
+
+def test_the_stream_advances_from_one_batch_to_the_next():
+    first = [_rows(["p0", "p1", "p3", "p6"])]
+    ((batches, metrics, draws),) = _run_simulated(1, max_rounds=20, first_round=first, steps=2)
+    assert len(draws) >= 2 and metrics["dynamic_sampling/filled_fraction"] == [0.0, 0.0]
+    first_batch_rounds = int(metrics["dynamic_sampling/rounds"][0]) - 1
+    flat = [i for draw in draws for i in draw]
+    assert flat == _stream_order_without({"p0", "p1", "p3", "p6"}, len(flat))  # not the same prompts again
+    assert set(batches[1]["prompt"][2::2]).isdisjoint(batches[0]["prompt"][2::2])  # new replacements each time
+    assert sum(len(d) for d in draws[:first_batch_rounds]) < len(flat)
 
 
 def test_loop_fills_with_zero_variance_groups_when_the_round_bound_is_hit():
     first = [_rows(["p0", "p1", "p3", "p6"])]  # one group with signal
-    ((batch, metrics),) = _run_simulated(1, max_rounds=1, first_round=first)
+    ((batch, metrics, draws),) = _run_simulated(1, max_rounds=1, first_round=first)
     assert batch["prompt"][::2] == ["p0", "p1", "p3", "p6"]  # the signal group, then the fillers
     assert metrics["dynamic_sampling/rounds"] == [1.0]
     assert metrics["dynamic_sampling/kept_fraction"] == [0.25]
     assert metrics["dynamic_sampling/filled_fraction"] == [0.75]
+    assert draws == []
 
 
 def test_loop_needs_no_extra_round_when_every_group_has_signal():
-    ((batch, metrics),) = _run_simulated(1, max_rounds=20, first_round=[_rows(["p1", "p2", "p4", "p5"])])
+    ((batch, metrics, draws),) = _run_simulated(1, max_rounds=20, first_round=[_rows(["p1", "p2", "p4", "p5"])])
     assert batch["prompt"][::2] == ["p1", "p2", "p4", "p5"]
     assert metrics["dynamic_sampling/rounds"] == [1.0] and metrics["dynamic_sampling/kept_fraction"] == [1.0]
+    assert draws == []
 
 
 # ------------------------------------------------------------------------------------------------------------ config
@@ -317,6 +386,49 @@ def test_tiny_training_run_sees_only_groups_with_signal(tiny_model_dir, tmp_path
         assert batch["num_items_in_batch"].item() == batch["completion_mask"].sum().item()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+
+
+def test_a_resumed_run_draws_the_replacement_prompts_the_interrupted_one_would_have(tiny_model_dir, tmp_path):
+    """Checkpoint at step 2 (a generation boundary), resume: the generation of step 3 needs replacement prompts; the
+    stream's position is in the checkpoint (`rpg_trl.resume`), so the resumed run draws the same ones and continues
+    exactly like the uninterrupted run (logs, batches, weights)."""
+    tokenizer = build_char_tokenizer()
+
+    def run(output_dir, resume=None):
+        args = RPGConfig(
+            **tiny_run_args(
+                output_dir,
+                steps_per_generation=2,
+                max_steps=4,
+                dynamic_sampling=True,
+                dynamic_sampling_max_rounds=8,
+                save_strategy="steps",
+                save_steps=2,
+            )
+        )
+        trainer = RecordingRPGTrainer(
+            tiny_model_dir, sevens_unless_even, args=args, train_dataset=PROMPTS, processing_class=tokenizer
+        )
+        trainer.recorded = []
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(tmp_path / "full")
+    checkpoint = tmp_path / "full" / "checkpoint-2"
+    saved = torch.load(checkpoint / "rpg_generation_state.pt", weights_only=True)["prompt_stream"]
+    assert saved["position"] > 0  # step 1's generation drew replacement prompts
+    resumed = run(tmp_path / "resumed", resume=str(checkpoint))
+
+    def after_step_2(trainer):
+        timings = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss", "step_time"}
+        return [{k: v for k, v in h.items() if k not in timings} for h in trainer.state.log_history if h["step"] > 2]
+
+    assert any(h.get("dynamic_sampling/rounds", 1) >= 2 for h in after_step_2(full))  # step 3 drew replacements
+    assert after_step_2(resumed) == after_step_2(full)
+    assert torch.equal(resumed.recorded[0]["prompt_ids"], full.recorded[1]["prompt_ids"])
+    assert resumed._prompt_stream.state_dict() == full._prompt_stream.state_dict() != saved
+    for a, b in zip(resumed.model.parameters(), full.model.parameters()):
+        assert torch.equal(a, b)
 
 
 def test_unknown_metric_name_is_reported(tiny_model_dir, tmp_path):

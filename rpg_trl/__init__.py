@@ -6,7 +6,14 @@ __version__ = "0.1.0"
 from .losses import DIVERGENCES, ESTIMATORS, PAPER_NAMES, aggregate_loss, rpg_loss, rpg_per_token_loss
 
 
-_LAZY = {"RPGConfig": ".config", "RPGTrainer": ".trainer", "RefModelSyncCallback": ".callbacks"}
+_LAZY = {
+    "RPGConfig": ".config",
+    "RPGTrainer": ".trainer",
+    "RefModelSyncCallback": ".callbacks",
+    # `rpg_trl.async_rpg` imports `trl.experimental` (which warns on import): loaded on first use only.
+    "AsyncRPGConfig": ".async_rpg",
+    "AsyncRPGTrainer": ".async_rpg",
+}
 
 
 def __getattr__(name):
@@ -19,6 +26,8 @@ def __getattr__(name):
 
 
 __all__ = [
+    "AsyncRPGConfig",
+    "AsyncRPGTrainer",
     "DIVERGENCES",
     "ESTIMATORS",
     "PAPER_NAMES",

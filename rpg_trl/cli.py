@@ -32,7 +32,13 @@ from collections.abc import Sequence
 
 
 #: Subcommand modules of rpg_trl, in the order of ``rpg-trl --help``.
-SUBCOMMAND_MODULES = ("rpg_trl.demo", "rpg_trl.plotting", "rpg_trl.bench_algos", "rpg_trl.bench_optimum")
+SUBCOMMAND_MODULES = (
+    "rpg_trl.demo",
+    "rpg_trl.plotting",
+    "rpg_trl.bench_algos",
+    "rpg_trl.bench_optimum",
+    "rpg_trl.bench_async",
+)
 #: Subcommand modules registered only when present and importable.
 OPTIONAL_SUBCOMMAND_MODULES = ("rpg_trl.bench_speed",)
 

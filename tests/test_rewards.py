@@ -229,7 +229,13 @@ def test_final_answer_line_is_always_found(prefix, number):
 
 
 # ----------------------------------------------------------------------------------------- the authors' reward scale
-RECIPES = sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+#: The recipes of examples/rpg_math.py (the paper's runs and their LoRA versions), whose reward functions are
+#: [accuracy_reward, overlong punishment] (and format_reward if asked for).
+RECIPES = [
+    path
+    for path in sorted((Path(__file__).resolve().parents[1] / "recipes").glob("*.yaml"))
+    if "examples/rpg_math.py" in path.read_text()
+]
 #: Completions, in group order, of two prompts of the tiny model's alphabet, and their solutions.
 PLANNED = {"2+2=": ["Answer: 4", "   Answer: 4", "Answer: 5", "4"], "1+2=": ["Answer: 3"] * 3 + ["Answer: 3 "]}
 SOLUTIONS = {"2+2=": "4", "1+2=": "3"}

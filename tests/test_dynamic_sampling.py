@@ -1,8 +1,14 @@
 """Tests of DAPO dynamic sampling (`rpg_trl.dynamic_sampling`): pure functions on hand-made batches, the sampling loop
 with a simulated trainer (one and two processes), and a tiny end-to-end training run (CPU, no hub)."""
 
+import json
 import math
+import os
+import socket
+import subprocess
+import sys
 from collections import defaultdict
+from pathlib import Path
 from types import SimpleNamespace
 from unittest.mock import PropertyMock, patch
 
@@ -429,6 +435,28 @@ def test_a_resumed_run_draws_the_replacement_prompts_the_interrupted_one_would_h
     assert resumed._prompt_stream.state_dict() == full._prompt_stream.state_dict() != saved
     for a, b in zip(resumed.model.parameters(), full.model.parameters()):
         assert torch.equal(a, b)
+
+
+def test_two_processes_draw_disjoint_replacement_prompts_from_one_stream(tiny_model_dir, tmp_path):
+    """Two gloo processes (tests/_dynamic_sampling_two_proc.py): the data loader's prompts are gathered from both, the
+    stream is the same on both, each takes its own slice: no prompt twice in the generation batch, across processes
+    included."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["OMP_NUM_THREADS"] = "1"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    cmd += ["--master_port", str(port), str(Path(__file__).with_name("_dynamic_sampling_two_proc.py"))]
+    proc = subprocess.run([*cmd, tiny_model_dir, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["rounds"] == ranks[1]["rounds"] and ranks[0]["rounds"][0] >= 2  # replacements were drawn
+    assert ranks[0]["stream"] == ranks[1]["stream"] and ranks[0]["stream"]["position"] > 0
+    (batch_0,), (batch_1,) = ranks[0]["batches"], ranks[1]["batches"]
+    assert len(batch_0) == len(batch_1) == 4
+    assert len(set(batch_0 + batch_1)) == 8  # disjoint, and no prompt twice on a process
+    assert all(int(prompt[0]) % 2 == 1 for prompt in batch_0 + batch_1)  # only groups with signal were kept
 
 
 def test_unknown_metric_name_is_reported(tiny_model_dir, tmp_path):

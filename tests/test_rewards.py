@@ -296,14 +296,23 @@ def _advantages(model_dir, scale_rewards, reward_weights):
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
+def test_recipes_weight_the_rewards_to_the_authors_scale(recipe):
+    config = yaml.safe_load(recipe.read_text())
+    assert config["overlong_buffer"] > 0 and not config.get("format_reward", False)  # rewards: [accuracy, overlong]
+    assert config["reward_weights"] == [2.0, 1.0]
+
+
+#: The recipes whose advantages are TRL's group-relative ones: RPG and the GRPO / DAPO baselines.
+GROUP_ADVANTAGE_RECIPES = [p for p in RECIPES if yaml.safe_load(p.read_text())["algorithm"] in ("rpg", "grpo", "dapo")]
+
+
+@pytest.mark.parametrize("recipe", GROUP_ADVANTAGE_RECIPES, ids=lambda p: p.stem)
 def test_recipes_reproduce_the_authors_advantages(recipe, tiny_model_dir):
     """With `reward_weights: [2.0, 1.0]` the trainer's reward is 2·accuracy + overlong = the authors' ±1 score +
     overlong + 1, and a constant cancels in every group-relative advantage: the paper recipes (group mean only) give
     the authors' advantages exactly, the baselines (divided by the group std) up to the std's epsilon (TRL 1e-4,
     verl 1e-6)."""
     config = yaml.safe_load(recipe.read_text())
-    assert config["overlong_buffer"] > 0 and not config.get("format_reward", False)  # rewards: [accuracy, overlong]
-    assert config["reward_weights"] == [2.0, 1.0]
     advantages = _advantages(tiny_model_dir, config["scale_rewards"], config["reward_weights"])
     expected = torch.tensor(AUTHORS_ADVANTAGES)
     if config["scale_rewards"] == "none":

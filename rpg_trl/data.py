@@ -3,8 +3,7 @@ r"""Datasets of the paper's math-reasoning setup (Sec. 5 and Appendix H; RPG_SPE
 
 The paper trains on the English subset of DAPO-Math-17k and evaluates on AIME24, AIME25 and AMC23; where the authors
 published the files they use (the English training file, their AIME 2024 copy), those are the defaults. The loaders
-below return a
-[`datasets.Dataset`] in TRL's conversational prompt-only format, ready for [`~trl.GRPOTrainer`] /
+below return a [`datasets.Dataset`] in TRL's conversational prompt-only format, ready for [`~trl.GRPOTrainer`] /
 [`rpg_trl.RPGTrainer`] with [`rpg_trl.rewards.accuracy_reward`]:
 
 - ``prompt``: one user message whose content is the paper's prompt ([`PROMPT_TEMPLATE`]) around the question;

@@ -13,11 +13,12 @@ Reads top to bottom: arguments, data, rewards, trainer, train, save. Every optio
     accelerate launch --config_file accelerate_configs/deepspeed_zero2.yaml examples/rpg_math.py \
         --config recipes/rpg_reinforce_urkl.yaml
     # a baseline with TRL's own loss and the same budget
-    accelerate launch ... examples/rpg_math.py --config recipes/dapo.yaml      # or recipes/grpo.yaml
+    accelerate launch ... examples/rpg_math.py --config recipes/dapo.yaml      # or grpo.yaml, rfpp.yaml, rfppb.yaml
 
 `--algorithm rpg` trains with `RPGTrainer`; `grpo` and `dapo` train with TRL's `GRPOTrainer` (its `loss_type="grpo"` /
-`"dapo"` losses, with the clip ranges and KL of the `BASELINES` table below), sharing everything else (data, rewards,
-dynamic sampling, batch sizes, optimizer, schedule). Offline use: pass a local model folder and local data files
+`"dapo"` losses, with the clip ranges and KL of the `BASELINES` table below); `rfpp` and `rfppb` train REINFORCE++ and
+REINFORCE++-Baseline (`rpg_trl.baselines.ReinforcePlusPlusTrainer`: whitened returns, KL in the reward, TRL's clipped
+loss). All share everything else (data, rewards, dynamic sampling, batch sizes, optimizer, schedule). Offline use: pass a local model folder and local data files
 (`.jsonl`/`.json`/`.parquet`, with `problem`/`question` and `answer`/`solution` columns), and set HF_HUB_OFFLINE=1.
 """
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
 
 from rpg_trl import RPGConfig, RPGTrainer
+from rpg_trl.baselines import BASELINE_NAMES, ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
 from rpg_trl.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
 from rpg_trl.dynamic_sampling import DynamicSamplingMixin
 from rpg_trl.losses import PAPER_NAMES
@@ -39,15 +41,21 @@ from rpg_trl.teardown import hold_process_group_until_exit
 from eval_math import load_eval_sets  # the sibling script: benchmarks by name ('aime24', ...) or files
 
 
-ALGORITHMS = ("rpg", "grpo", "dapo")
+ALGORITHMS = ("rpg", "grpo", "dapo", "rfpp", "rfppb")
 #: The baselines' loss settings (paper Sec. 5 and Appendix H). GRPO: TRL's per-sequence GRPO loss, symmetric clip
 #: (0.1, 0.1) as in Appendix H (Sec. 5 says (0.2, 0.2)), advantages scaled by the group std, and β·k3 to a frozen
 #: reference model (β from the config, 1e-4 in the recipes). DAPO: token-mean loss, clip-higher (0.2, 0.28), group std
-#: scaling, no KL. Edit here to run other baselines.
+#: scaling, no KL. REINFORCE++ (rfpp) and REINFORCE++-Baseline (rfppb), Tables 5-6: token-mean loss, PPO clip
+#: (0.2, 0.2) (verl's default, which the paper's runs used), β·k1 to the frozen initial model in the reward (β from
+#: the config, 1e-4 in the recipes); their advantage is set by `REINFORCE_PLUS_PLUS`. Edit here to run other baselines.
 BASELINES = {
     "grpo": dict(loss_type="grpo", epsilon=0.1, epsilon_high=0.1, scale_rewards="group"),
     "dapo": dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="group", beta=0.0),
+    "rfpp": dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
+    "rfppb": dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
 }
+#: `ReinforcePlusPlusConfig.advantage_estimator` of the REINFORCE++ baselines.
+REINFORCE_PLUS_PLUS = {"rfpp": "reinforce_plus_plus", "rfppb": "reinforce_plus_plus_baseline"}
 
 
 @dataclass
@@ -58,7 +66,8 @@ class MathScriptArguments:
         default="rpg",
         metadata={
             "help": "'rpg' trains with RPGTrainer (the variant chosen by `divergence` and `estimator`); 'grpo' and "
-            "'dapo' train the baselines with TRL's GRPOTrainer and its own losses (settings in BASELINES).",
+            "'dapo' train the baselines with TRL's GRPOTrainer and its own losses; 'rfpp' and 'rfppb' train "
+            "REINFORCE++ and REINFORCE++-Baseline (rpg_trl.baselines). Settings in BASELINES.",
             "choices": list(ALGORITHMS),
         },
     )
@@ -111,6 +120,11 @@ class BaselineConfig(GRPOConfig):
     dynamic_sampling_metric: str | None = None
 
 
+@dataclass
+class ReinforcePlusPlusBaselineConfig(BaselineConfig, ReinforcePlusPlusConfig):
+    """`ReinforcePlusPlusConfig` plus the dynamic-sampling fields (filled by `baseline_config`, never parsed itself)."""
+
+
 class PerBenchmarkEvalMetrics:
     """Names TRL's evaluation metrics after the benchmark (`eval_aime25_rewards/accuracy_reward/mean`, the mean@k
     accuracy): with several eval sets TRL logs each set's generation metrics under the same `eval_<metric>` keys."""
@@ -139,7 +153,12 @@ class BaselineTrainer(PerBenchmarkEvalMetrics, DynamicSamplingMixin, GRPOTrainer
     evaluation metrics."""
 
 
-def baseline_config(args: RPGConfig, algorithm: str) -> BaselineConfig:
+class ReinforcePlusPlusBaselineTrainer(PerBenchmarkEvalMetrics, ReinforcePlusPlusTrainer):
+    """REINFORCE++ (dynamic sampling built in, advantages whitened over the final batch) with per-benchmark
+    evaluation metrics."""
+
+
+def baseline_config(args: RPGConfig, algorithm: str) -> BaselineConfig | ReinforcePlusPlusBaselineConfig:
     """The RPGConfig's shared settings (batch, optimizer, schedule, generation, logging) with the baseline's loss."""
     preset = BASELINES[algorithm]
     ignored = {key: getattr(args, key) for key, value in preset.items() if getattr(args, key) != value}
@@ -149,10 +168,13 @@ def baseline_config(args: RPGConfig, algorithm: str) -> BaselineConfig:
             "or command line are not used (edit BASELINES in this script to change them).",
             stacklevel=2,
         )
-    values = {f.name: getattr(args, f.name) for f in fields(BaselineConfig) if f.init}
+    config_class = ReinforcePlusPlusBaselineConfig if algorithm in REINFORCE_PLUS_PLUS else BaselineConfig
+    values = {f.name: getattr(args, f.name) for f in fields(config_class) if f.init and hasattr(args, f.name)}
     values["generation_batch_size"] = None  # derived again from steps_per_generation
     values.update(preset)
-    return BaselineConfig(**values)
+    if algorithm in REINFORCE_PLUS_PLUS:
+        values["advantage_estimator"] = REINFORCE_PLUS_PLUS[algorithm]
+    return config_class(**values)
 
 
 def make_parser() -> TrlParser:
@@ -195,8 +217,12 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
         trainer_cls, args = MathRPGTrainer, training_args
         name = PAPER_NAMES[(args.divergence, args.estimator)]
     else:
-        trainer_cls, args = BaselineTrainer, baseline_config(training_args, script_args.algorithm)
+        args = baseline_config(training_args, script_args.algorithm)
+        trainer_cls = BaselineTrainer
         name = f"{script_args.algorithm.upper()} {BASELINES[script_args.algorithm]}"
+        if script_args.algorithm in REINFORCE_PLUS_PLUS:
+            trainer_cls = ReinforcePlusPlusBaselineTrainer
+            name = f"{BASELINE_NAMES[args.advantage_estimator]} {BASELINES[script_args.algorithm]}"
     trainer = trainer_cls(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,

@@ -236,6 +236,40 @@ def test_baselines_train_with_trl_losses(assets, tmp_path, algorithm, loss_type)
     assert (tmp_path / "model.safetensors").is_file()
 
 
+@pytest.mark.parametrize(
+    "algorithm, estimator", [("rfpp", "reinforce_plus_plus"), ("rfppb", "reinforce_plus_plus_baseline")]
+)
+def test_reinforce_plus_plus_baselines_train(assets, tmp_path, algorithm, estimator):
+    """--algorithm rfpp / rfppb: REINFORCE++(-Baseline) with the KL to the initial model in the reward, dynamic
+    sampling included (rpg_trl.baselines.ReinforcePlusPlusTrainer)."""
+    parser = rpg_math.make_parser()
+    args = parser.parse_args_and_config(
+        _train_args(
+            assets,
+            tmp_path,
+            "--algorithm",
+            algorithm,
+            "--per_device_train_batch_size",
+            "8",
+            "--max_steps",
+            "1",
+            "--eval_strategy",
+            "no",
+            "--epsilon_high",
+            "0.2",
+            "--beta",
+            "0.01",
+        )
+    )
+    config = rpg_math.baseline_config(args[1], algorithm)
+    assert type(config).__name__ == "ReinforcePlusPlusBaselineConfig"
+    assert (config.advantage_estimator, config.kl_penalty, config.beta) == (estimator, "reward", 0.01)
+    assert config.dynamic_sampling and (config.epsilon, config.epsilon_high) == (0.2, 0.2)
+    if algorithm == "rfpp":  # one run end to end (both estimators train in tests/test_baselines.py)
+        rpg_math.main(*args)
+        assert (tmp_path / "model.safetensors").is_file()
+
+
 # --------------------------------------------------------------------------------------------------------- evaluation
 @pytest.mark.parametrize(
     "n, c, k, expected",

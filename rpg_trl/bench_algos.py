@@ -1,7 +1,7 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""The ``rpg-trl bench-algos`` command: the paper's Table 3 in miniature, on the demo's task.
 
-Six algorithms train the same warm-started model (one supervised warm start per seed, shared by all of them, see
+Eight algorithms train the same warm-started model (one supervised warm start per seed, shared by all of them, see
 [`rpg_trl.demo`]) with the same budget: the same prompts, batch (16 prompts × 8 samples per optimizer step, four
 optimizer steps per generation batch), optimizer, learning rate and number of steps.
 
@@ -9,11 +9,16 @@ optimizer steps per generation batch), optimizer, learning rate and number of st
 method                        configuration
 ============================  ==========================================================================================
 GRPO                          TRL `GRPOTrainer`, `loss_type="grpo"`, clip ε = 0.2 (both sides), std-scaled group
-                              advantages, k3 KL to the initial policy with β = 1e-4 (no importance weight)
+                              advantages, k3 KL to the initial policy with β = 1e-4 (multiplied by the importance
+                              weight: TRL 1.16's default `use_bias_correction_kl=True`)
 DAPO                          TRL `GRPOTrainer`, `loss_type="dapo"` (token-mean), clip-higher ε = (0.2, 0.28),
                               std-scaled group advantages, no KL
 RPG-UFKL / RPG-URKL           `RPGTrainer`, `estimator="differentiable"`, `divergence="ufkl"` / `"urkl"`
 RPG-REINFORCE-UFKL / -URKL    `RPGTrainer`, `estimator="reinforce"`, `divergence="ufkl"` / `"urkl"`
+REINFORCE++ / -Baseline       [`~rpg_trl.baselines.ReinforcePlusPlusTrainer`] (Hu, 2025; the paper's Tables 5 and 6):
+                              TRL's token-mean loss, clip ε = 0.2 (both sides), β·k1 to the initial policy in the token
+                              rewards with β = 1e-4, the return (minus the group mean for -Baseline) whitened over the
+                              batch's tokens
 ============================  ==========================================================================================
 
 RPG runs use [`RPGConfig`]'s paper defaults: advantage = reward − group mean, β = 1e-4, RPG-Style Clip with
@@ -44,7 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 
-#: Algorithm name -> (trainer, configuration overrides). "grpo" runs TRL's GRPOTrainer, "rpg" runs RPGTrainer.
+#: Algorithm name -> (trainer, configuration overrides). "grpo" runs TRL's GRPOTrainer, "rpg" runs RPGTrainer, "rfpp"
+#: runs `rpg_trl.baselines.ReinforcePlusPlusTrainer`.
 ALGORITHMS = {
     "GRPO": (
         "grpo",
@@ -58,6 +64,14 @@ ALGORITHMS = {
     "RPG-URKL": ("rpg", {"divergence": "urkl", "estimator": "differentiable"}),
     "RPG-REINFORCE-UFKL": ("rpg", {"divergence": "ufkl", "estimator": "reinforce"}),
     "RPG-REINFORCE-URKL": ("rpg", {"divergence": "urkl", "estimator": "reinforce"}),
+    "REINFORCE++": (
+        "rfpp",
+        {"advantage_estimator": "reinforce_plus_plus", "epsilon": 0.2, "epsilon_high": 0.2, "beta": 1e-4},
+    ),
+    "REINFORCE++-Baseline": (
+        "rfpp",
+        {"advantage_estimator": "reinforce_plus_plus_baseline", "epsilon": 0.2, "epsilon_high": 0.2, "beta": 1e-4},
+    ),
 }
 #: Full and ``--quick`` presets of the options left unset on the command line.
 PRESETS = {
@@ -158,11 +172,12 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 def _config(kind: str, output_dir: str, args: BenchAlgosArguments, seed: int, overrides: dict):
     from trl import GRPOConfig
 
+    from .baselines import ReinforcePlusPlusConfig
     from .config import RPGConfig
     from .demo import rl_training_kwargs
 
     kwargs = rl_training_kwargs(steps=args.steps, seed=seed, learning_rate=args.learning_rate)
-    config_class = RPGConfig if kind == "rpg" else GRPOConfig
+    config_class = {"rpg": RPGConfig, "grpo": GRPOConfig, "rfpp": ReinforcePlusPlusConfig}[kind]
     return config_class(output_dir=output_dir, **kwargs, **overrides)
 
 
@@ -201,6 +216,7 @@ def run_one(args: BenchAlgosArguments, algorithm: str, seed: int, splits, sft_di
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
+    from .baselines import ReinforcePlusPlusTrainer
     from .demo import (
         addition_reward,
         build_rl_dataset,
@@ -217,7 +233,7 @@ def run_one(args: BenchAlgosArguments, algorithm: str, seed: int, splits, sft_di
     accuracy = heldout_accuracy_callback(
         model, tokenizer, splits.eval, every=args.eval_every, num_samples=args.eval_samples, seed=evaluation_seed(seed)
     )
-    trainer_class = RPGTrainer if kind == "rpg" else GRPOTrainer
+    trainer_class = {"rpg": RPGTrainer, "grpo": GRPOTrainer, "rfpp": ReinforcePlusPlusTrainer}[kind]
     trainer = trainer_class(
         model=model,
         reward_funcs=addition_reward,
@@ -393,8 +409,10 @@ def add_parser(subparsers):
     """Register ``rpg-trl bench-algos`` (see [`rpg_trl.cli`])."""
     return subparsers.add_parser(
         "bench-algos",
-        help="The paper's Table 3 in miniature: GRPO, DAPO and four RPG variants from the same warm start.",
-        description="Train GRPO, DAPO (TRL's GRPOTrainer) and RPG-UFKL, RPG-URKL, RPG-REINFORCE-UFKL, "
+        help="The paper's Table 3 in miniature: GRPO, DAPO, REINFORCE++(-Baseline) and four RPG variants from the same "
+        "warm start.",
+        description="Train GRPO, DAPO (TRL's GRPOTrainer), REINFORCE++, REINFORCE++-Baseline "
+        "(rpg_trl.baselines.ReinforcePlusPlusTrainer) and RPG-UFKL, RPG-URKL, RPG-REINFORCE-UFKL, "
         "RPG-REINFORCE-URKL (RPGTrainer) from the same supervised warm start of the demo's task, with the same "
         "budget, over several seeds; print the Last/Best held-out accuracy and a stability measure as a markdown "
         "table, and write table.md, results.json and bench_algos.png.",

@@ -177,3 +177,24 @@ def test_trainer_lands_on_its_own_objectives_optimum(tmp_path):
             assert run["tv"][lands_on] < 0.08, (variant, run["tv"])
             assert run["tv"][other] > apart - 0.1, (variant, run["tv"])
             assert run["curve"][0]["step"] == 0 and run["curve"][-1]["step"] == args.steps
+
+
+def test_command_writes_table_figure_and_json(tmp_path, capsys):
+    """`rpg-trl bench-optimum` end to end on one short run: the table (printed and written), the figure and the JSON at
+    `--output-json`."""
+    import json
+
+    from rpg_trl import cli
+
+    output_json = tmp_path / "elsewhere" / "optimum.json"
+    argv = ["bench-optimum", "--output-dir", str(tmp_path / "out"), "--output-json", str(output_json)]
+    argv += ["--variants", "RPG-URKL", "--regimes", "off-policy", "--steps", "4", "--batch_size", "16"]
+    assert cli.main(argv) == 0
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert table in capsys.readouterr().out and "| RPG-URKL |" in table
+    report = json.loads(output_json.read_text())
+    (run,) = report["runs"]
+    assert (run["variant"], run["regime"], run["objective"]) == ("RPG-URKL", "off-policy", "reverse")
+    assert sum(run["probs"]) == pytest.approx(1.0) and set(run["tv"]) >= {"reverse", "forward"}
+    assert (tmp_path / "out" / "bench_optimum.png").read_bytes().startswith(b"\x89PNG")
+    assert cli.main(["bench-optimum", "--variants", "RPG-XKL"]) == 2  # a clear error, no traceback

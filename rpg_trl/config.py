@@ -125,7 +125,7 @@ class RPGLossArguments:
         },
     )
 
-    # Reliability (`rpg_trl.safety`, docs/guarantees.md).
+    # Reliability (`rpg_trl.reliability`, docs/guarantees.md).
     importance_weight_warning_threshold: float | None = field(
         default=100.0,
         metadata={

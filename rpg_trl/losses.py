@@ -305,7 +305,8 @@ def differentiable_per_token_loss(
     else:
         reward_loss = -w * advantages
     if not kl_importance_weight:
-        return reward_loss, beta * uncorrected_k3(ratios.token_log_ratio, ratios.token_log_r)
+        token_log_w = ratios.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return reward_loss, beta * uncorrected_k3(token_log_w, ratios.token_log_r)
     term = KL_TERMS[divergence]
     kl = term.value(w, r, log_w, log_r)
     if regions is not None:

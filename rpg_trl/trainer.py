@@ -11,14 +11,12 @@ from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from .callbacks import RefModelSyncCallback
 from .config import RPGConfig
-from .dynamic_sampling import generate_with_dynamic_sampling
+from .dynamic_sampling import DynamicSamplingMixin
 from .losses import PAPER_NAMES, aggregate_loss, rpg_per_token_loss, summarize_stats
-from .resume import load_generation_state, save_generation_state
-from .safety import ImportanceWeightMonitor, RewardGuard, check_prompt_column, check_sequence_length
-from .teardown import hold_process_group_until_exit
+from .reliability import ImportanceWeightMonitor, ReliabilityMixin
 
 
-class RPGTrainer(GRPOTrainer):
+class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
     """
     Trainer for Regularized Policy Gradient (RPG).
 
@@ -29,16 +27,12 @@ class RPGTrainer(GRPOTrainer):
     with [`~trl.GRPOTrainer`], the loss is RPG's ([`rpg_trl.losses`]), normalised as TRL normalises each `loss_type`,
     and with `kl_anchor="sampling"` no reference model is created.
 
-    What the class adds, by method:
-
-    * the loss: `_compute_loss` (RPG's per-token loss, TRL's masks on the reward term, TRL's normalisers, entropy bonus
-      and metrics);
-    * the reference sync of the paper's iterative reference update (Sec. 5): `_save_checkpoint` and
-      `_load_optimizer_and_scheduler` save and restore the synced reference ([`RefModelSyncCallback`]);
-    * DAPO dynamic sampling: `_generate_and_score_completions` ([`rpg_trl.dynamic_sampling`]);
-    * reliability (docs/guarantees.md): `_calculate_rewards` (reward guard), `_save_rng_state`/`_load_rng_state`
-      (exact resume of a buffered generation batch), `_prepare_inputs` (length check), `log` (importance-weight
-      warning).
+    The class line shows its parts: [`~rpg_trl.reliability.ReliabilityMixin`] (reward guard, exact resume, dataset
+    and length checks) and [`~rpg_trl.dynamic_sampling.DynamicSamplingMixin`] (DAPO dynamic sampling), which the
+    baseline trainers of `examples/rpg_math.py` share. RPG's own methods: `_compute_loss` (RPG's per-token loss, TRL's
+    masks on the reward term, TRL's normalisers, entropy bonus and metrics), `_save_checkpoint` and
+    `_load_optimizer_and_scheduler` (the synced reference of the paper's iterative reference update, Sec. 5,
+    [`RefModelSyncCallback`]) and `log` (a warning when importance weights explode).
 
     Generation, rewards, vLLM, PEFT, DeepSpeed/FSDP, gradient accumulation and logging are otherwise TRL's.
     """
@@ -84,12 +78,9 @@ class RPGTrainer(GRPOTrainer):
             args.sync_ref_model = sync_ref_model
         #: KL coefficient of the RPG loss (`self.beta` keeps the parent's meaning: "reference log-probs needed").
         self.rpg_beta = rpg_beta
-        self._reward_guard = RewardGuard()
         self._importance_weight_monitor = ImportanceWeightMonitor(args.importance_weight_warning_threshold)
         #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
         self.ref_sync_callback = RefModelSyncCallback.install(self)
-        self._check_datasets()  # a clear error now for a dataset without prompts, not a KeyError mid-training
-        hold_process_group_until_exit()  # a gloo group is destroyed at exit without PyTorch's teardown deadlock
 
     def _compute_loss(self, model, inputs):
         args: RPGConfig = self.args
@@ -281,44 +272,7 @@ class RPGTrainer(GRPOTrainer):
         if checkpoint is not None and self.ref_sync_callback is not None:
             self.ref_sync_callback.load_checkpoint(self, checkpoint)
 
-    # DAPO dynamic sampling (`RPGConfig.dynamic_sampling`; `rpg_trl.dynamic_sampling.DynamicSamplingMixin` gives the
-    # same overrides to other GRPOTrainer subclasses).
-    def _generate_and_score_completions(self, inputs):
-        if self.args.dynamic_sampling and self.model.training:
-            return generate_with_dynamic_sampling(self, super()._generate_and_score_completions, inputs)
-        return super()._generate_and_score_completions(inputs)
-
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        """TRL's `_calculate_rewards` with each reward function guarded by [`rpg_trl.safety.RewardGuard`]: non-finite
-        rewards count as `None` (with a warning), and a failing function is named with the sample it fails on."""
-        with self._reward_guard.installed(self):
-            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._dynamic_sampling_rewards = rewards_per_func  # gathered over processes; read by dynamic sampling
-        return rewards_per_func
-
-    # Reliability: exact resume, warnings on diverged policies and over-long prompts (`rpg_trl.resume`,
-    # `rpg_trl.safety`; tests/test_reliability.py).
-    def _save_rng_state(self, output_dir):
-        # The buffered generation batch and the micro-step counter are sampling state, like the RNG: saved with it.
-        super()._save_rng_state(output_dir)
-        save_generation_state(self, output_dir)
-
-    def _load_rng_state(self, checkpoint):
-        super()._load_rng_state(checkpoint)
-        load_generation_state(self, checkpoint)
-
-    def _prepare_inputs(self, generation_batch):
-        inputs = super()._prepare_inputs(generation_batch)
-        check_sequence_length(self, inputs)
-        return inputs
-
     def log(self, logs, start_time=None):
         if self.model.training:  # warn (rate-limited) when the importance weights of this logging interval exploded
             self._importance_weight_monitor.check_logged(self._metrics["train"], self.state.global_step)
         super().log(logs, start_time)
-
-    def _check_datasets(self):
-        """Refuse training/evaluation datasets without a `prompt` column (unless an environment supplies prompts)."""
-        if getattr(self, "environment_factories", None) is None:
-            check_prompt_column(self.train_dataset, "training")
-            check_prompt_column(self.eval_dataset, "evaluation")

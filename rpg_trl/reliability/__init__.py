@@ -1,0 +1,65 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""Reliability of a GRPOTrainer run, as a mixin: bad rewards, exact resume, over-long prompts, malformed datasets.
+
+[`ReliabilityMixin`] goes before `GRPOTrainer` (or a subclass) in a class line; [`~rpg_trl.RPGTrainer`] and the
+baseline trainers of `examples/rpg_math.py` use it, so that RPG and its baselines differ in the loss only. What each
+part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
+
+* [`reward_guard`]: non-finite rewards count as `None` (with a warning); a failing reward function is named with the
+  sample it fails on.
+* [`rpg_trl.resume`]: the buffered generation batch and the micro-step counter are saved with each checkpoint, so a
+  resumed run continues exactly where the interrupted one was, also in the middle of a generation cycle.
+* [`checks`]: datasets without a `prompt` column are refused when the trainer is built; a prompt that, with
+  `max_completion_length`, exceeds the model's positions is reported once.
+* [`rpg_trl.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock.
+"""
+
+from __future__ import annotations
+
+from ..resume import load_generation_state, save_generation_state
+from ..teardown import hold_process_group_until_exit
+from .checks import ImportanceWeightMonitor, check_prompt_column, check_sequence_length
+from .reward_guard import RewardFunctionError, RewardGuard
+
+
+class ReliabilityMixin:
+    """Reward guard, exact resume, length check and dataset check for a `GRPOTrainer` subclass."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._reward_guard = RewardGuard()
+        # A clear error now for a dataset without prompts, not a KeyError mid-training (unless an environment supplies
+        # the prompts).
+        if getattr(self, "environment_factories", None) is None:
+            check_prompt_column(self.train_dataset, "training")
+            check_prompt_column(self.eval_dataset, "evaluation")
+        hold_process_group_until_exit()  # a gloo group is destroyed at exit without PyTorch's teardown deadlock
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        """TRL's `_calculate_rewards` with each reward function guarded by [`RewardGuard`]."""
+        with self._reward_guard.installed(self):
+            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+
+    def _save_rng_state(self, output_dir):
+        # The buffered generation batch and the micro-step counter are sampling state, like the RNG: saved with it.
+        super()._save_rng_state(output_dir)
+        save_generation_state(self, output_dir)
+
+    def _load_rng_state(self, checkpoint):
+        super()._load_rng_state(checkpoint)
+        load_generation_state(self, checkpoint)
+
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        check_sequence_length(self, inputs)
+        return inputs
+
+
+__all__ = [
+    "ImportanceWeightMonitor",
+    "ReliabilityMixin",
+    "RewardFunctionError",
+    "RewardGuard",
+    "check_prompt_column",
+    "check_sequence_length",
+]

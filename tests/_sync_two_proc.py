@@ -1,6 +1,8 @@
-"""Two-process (CPU, gloo) run for `tests/test_callbacks.py`: reference syncs under DDP.
+"""Two-process (CPU, gloo) runs for `tests/test_callbacks.py`: reference syncs under DDP, and the weight functions
+under real DeepSpeed ZeRO-3.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/_sync_two_proc.py MODEL_DIR OUT_DIR
+    DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 tests/_sync_two_proc.py zero3 OUT_DIR
 
 (`accelerate launch --cpu --num_processes 2` starts a single process unless MPI is set up; torchrun is the launcher
 that `accelerate launch --multi_gpu` wraps, and accelerate then joins a gloo process group on CPU.)
@@ -13,6 +15,11 @@ that `accelerate launch --multi_gpu` wraps, and accelerate then joins a gloo pro
 
 Each process writes OUT_DIR/rank{R}.json: its sync steps, callback state, checksums of its reference weights (at the
 checkpoint, restored, at the end of both runs), of the policy at the last sync, and the bytes it created while saving.
+
+With `zero3` (needs `deepspeed`): two small models partitioned by `deepspeed.zero.Init`; each process records how
+many parameters of the two models are gathered at once during a sync by `rpg_trl.ref_sync.weights.mix_parameters`
+and by TRL's `SyncRefModelCallback.sync_target_model`, and checks the synced, saved and restored values against the
+values gathered before (OUT_DIR/zero3_rank{R}.json).
 """
 
 import json
@@ -152,5 +159,93 @@ def main(model_dir: str, out_dir: str) -> None:
     torch.distributed.barrier()
 
 
+def main_zero3(out_dir: str) -> None:
+    import importlib
+    import types
+
+    import deepspeed
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from safetensors.torch import save_file
+    from trl.distributed import DistributedBackend
+    from trl.trainer import callbacks as trl_callbacks
+
+    from rpg_trl.ref_sync.weights import gather_reference, mix_parameters, restore_reference
+
+    # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce at start-up (minutes on 2 cores); gloo suffices.
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank = torch.distributed.get_rank()
+    zero3 = types.SimpleNamespace(deepspeed_plugin=types.SimpleNamespace(zero_stage=3))
+    dist = DistributedBackend(types.SimpleNamespace(state=zero3))
+
+    def build(seed):
+        with deepspeed.zero.Init(config_dict_or_path={"zero_optimization": {"stage": 3}, "train_batch_size": 2}):
+            model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 32), torch.nn.Linear(32, 8))
+        generator = torch.Generator().manual_seed(seed)
+        for param in model.parameters():
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                if rank == 0:
+                    param.data.copy_(torch.randn(param.shape, generator=generator))
+        return model
+
+    def gathered(model):
+        values = {}
+        for name, param in model.named_parameters():
+            with deepspeed.zero.GatheredParameters([param]):
+                values[name] = param.data.clone()
+        return values
+
+    policy, reference = build(1), build(2)
+    partitioned = all(p.ds_tensor.numel() < p.ds_numel for p in [*policy.parameters(), *reference.parameters()])
+    policy_values, reference_values = gathered(policy), gathered(reference)
+    most_gathered = [0]
+    original = deepspeed.zero.GatheredParameters
+
+    class Counting(original):
+        def __enter__(self):
+            super().__enter__()
+            params = [*policy.parameters(), *reference.parameters()]
+            live = sum(p.ds_status == ZeroParamStatus.AVAILABLE for p in params)
+            most_gathered[0] = max(most_gathered[0], live)
+
+    deepspeed.zero.GatheredParameters = Counting
+    alpha = 0.25
+    mix_parameters(policy.parameters(), reference.parameters(), alpha, dist)
+    ours = most_gathered[0]
+    mixed = gathered(reference)
+    most_gathered[0] = 0
+    trl_callbacks.AcceleratorState = lambda: zero3
+    trl_callbacks.SyncRefModelCallback.sync_target_model(policy, reference, 1.0)
+    trl = most_gathered[0]
+    deepspeed.zero.GatheredParameters = original
+
+    tensors = gather_reference(reference, lambda n: True, dist, is_main=rank == 0)
+    path = os.path.join(out_dir, "reference.safetensors")
+    if rank == 0:
+        save_file({n: v.contiguous() for n, v in reference_values.items()}, path)
+    torch.distributed.barrier()
+    restore_reference(reference, lambda n: True, dist, path)
+    restored = gathered(reference)
+    report = {
+        "partitioned": partitioned,
+        "num_parameters": len(policy_values),
+        "gathered_at_once_ours": ours,
+        "gathered_at_once_trl": trl,
+        "mixed_as_expected": all(
+            torch.allclose(mixed[n], alpha * policy_values[n] + (1 - alpha) * reference_values[n])
+            for n in policy_values
+        ),
+        "saved": sorted(tensors),
+        "saved_equal_policy": all(torch.equal(tensors[n], policy_values[n]) for n in tensors),
+        "restored_as_saved": all(torch.equal(restored[n], reference_values[n]) for n in restored),
+    }
+    with open(os.path.join(out_dir, f"zero3_rank{rank}.json"), "w") as f:
+        json.dump(report, f)
+    torch.distributed.barrier()
+
+
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    if sys.argv[1] == "zero3":
+        main_zero3(sys.argv[2])
+    else:
+        main(*sys.argv[1:3])

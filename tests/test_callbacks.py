@@ -1,6 +1,7 @@
 """Tests of `rpg_trl.callbacks.RefModelSyncCallback`: iterative reference updates on a tiny local Qwen3 (CPU)."""
 
 import contextlib
+import importlib.util
 import json
 import logging
 import math
@@ -599,3 +600,23 @@ def test_two_processes_sync_alike_save_on_the_main_process_only_and_resume_on_bo
         assert report["restored_state"]["attributes"]["sync_history"] == [s for s in main["sync_history"] if s <= 3]
         assert report["resumed_final_state"] == main["state"]
         assert report["resumed_final_reference_checksum"] == pytest.approx(main["reference_checksum"], rel=1e-6)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (`pip install deepspeed`)")
+def test_real_zero3_sync_gathers_one_pair_and_saves_on_rank_0(tmp_path):
+    # DeepSpeed's CPU accelerator over gloo: the weight functions under real ZeRO-3 partitioning.
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        TWO_PROC_SCRIPT, "zero3", str(tmp_path),
+    ]  # fmt: skip
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, check=False, capture_output=True, text=True, timeout=400, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    for rank in (0, 1):
+        with open(tmp_path / f"zero3_rank{rank}.json") as f:
+            report = json.load(f)
+        n = report["num_parameters"]
+        assert report["partitioned"] and report["mixed_as_expected"] and report["restored_as_saved"], report
+        assert report["gathered_at_once_ours"] == 2  # one (policy, reference) pair
+        assert report["gathered_at_once_trl"] == 2 * n  # TRL's helper: both models
+        assert report["saved_equal_policy"] and len(report["saved"]) == (n if rank == 0 else 0), report

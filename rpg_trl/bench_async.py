@@ -6,14 +6,18 @@ start per seed, shared by all runs, as in ``rpg-trl bench-algos``) with TRL's as
 [`~rpg_trl.async_rpg.local.LocalRolloutWorker`] thread samples the rollouts of optimizer step ``s`` from policy
 version ``max(1, s - lag)``, so that every batch after the first ``lag`` ones is exactly ``lag`` versions stale.
 
-=======================  ==============================================================================================
-method                   trainer and loss
-=======================  ==============================================================================================
-AsyncGRPO                TRL's `AsyncGRPOTrainer`: PPO clip ε = 0.2 on both sides, no KL term
-RPG-REINFORCE-URKL       `AsyncRPGTrainer`, paper defaults: REINFORCE estimator, URKL to the sampling policy with
-                         β = 1e-4, RPG-Style Clip ε = (0.2, 0.28), c = 10
-RPG-URKL                 `AsyncRPGTrainer`, fully differentiable estimator, otherwise as above
-=======================  ==============================================================================================
+==============================  =======================================================================================
+method                          trainer and loss
+==============================  =======================================================================================
+AsyncGRPO                       TRL's `AsyncGRPOTrainer`: PPO clip ε = 0.2 on both sides, no KL term
+RPG-REINFORCE-URKL              `AsyncRPGTrainer`, paper defaults: REINFORCE estimator, URKL to the sampling policy
+                                (the stale sampler) with β = 1e-4, RPG-Style Clip ε = (0.2, 0.28), c = 10
+RPG-REINFORCE-URKL-beta0.5      the same with β = 0.5: a KL to the sampler strong enough to act
+uncorrected-k3-beta0.5          the same with GRPO's k3 penalty without the importance weight
+                                (`kl_importance_weight=False`, the biased baseline of Sec. 2.2)
+RPG-URKL (not in the default)   `AsyncRPGTrainer`, fully differentiable estimator, otherwise as RPG-REINFORCE-URKL: with
+                                the clip both estimators give the same gradient on every token (`rpg_trl.losses`)
+==============================  =======================================================================================
 
 All runs share the rollouts' settings (16 prompts × 8 samples per optimizer step, temperature 1, at most 4 new tokens,
 advantage = reward − group mean for every method, so that only the loss differs), the optimizer (AdamW, 10 warm-up
@@ -42,8 +46,15 @@ from pathlib import Path
 METHODS = {
     "AsyncGRPO": ("grpo", {"epsilon": 0.2, "epsilon_high": 0.2}),
     "RPG-REINFORCE-URKL": ("rpg", {"divergence": "urkl", "estimator": "reinforce"}),
+    "RPG-REINFORCE-URKL-beta0.5": ("rpg", {"divergence": "urkl", "estimator": "reinforce", "beta": 0.5}),
+    "uncorrected-k3-beta0.5": (
+        "rpg",
+        {"divergence": "urkl", "estimator": "reinforce", "beta": 0.5, "kl_importance_weight": False},
+    ),
     "RPG-URKL": ("rpg", {"divergence": "urkl", "estimator": "differentiable"}),
 }
+#: Methods run when `--methods` is not given.
+DEFAULT_METHODS = ["AsyncGRPO", "RPG-REINFORCE-URKL", "RPG-REINFORCE-URKL-beta0.5", "uncorrected-k3-beta0.5"]
 #: Full and ``--quick`` presets of the options left unset on the command line.
 PRESETS = {
     "full": {
@@ -70,7 +81,7 @@ class BenchAsyncArguments:
         metadata={"help": "Policy lags to compare: the samples of step s come from policy version s - lag."},
     )
     methods: list[str] | None = field(
-        default=None, metadata={"help": f"Methods to run, a subset of {list(METHODS)}. Default: all."}
+        default=None, metadata={"help": f"Methods to run, a subset of {list(METHODS)}. Default: {DEFAULT_METHODS}."}
     )
     seeds: list[int] | None = field(
         default=None, metadata={"help": "Seeds (each with its own warm start). Preset: 0 (--quick: 0)."}
@@ -101,7 +112,7 @@ class BenchAsyncArguments:
             if getattr(self, key) is None:
                 setattr(self, key, list(value) if isinstance(value, list) else value)
         if self.methods is None:
-            self.methods = list(METHODS)
+            self.methods = list(DEFAULT_METHODS)
         unknown = [m for m in self.methods if m not in METHODS]
         if unknown:
             raise ValueError(f"Unknown method(s) {unknown}; choose among {list(METHODS)}.")
@@ -381,10 +392,10 @@ def add_parser(subparsers):
     return subparsers.add_parser(
         "bench-async",
         help="Asynchronous GRPO vs asynchronous RPG at policy lags 1, 2, 4 on the demo's task (CPU, no vLLM).",
-        description="Train TRL's AsyncGRPOTrainer and AsyncRPGTrainer (RPG-REINFORCE-URKL, RPG-URKL) from the same "
-        "supervised warm start of the demo's task, with rollouts sampled by a local worker a fixed number of policy "
-        "versions behind the trainer; print held-out accuracy and stability per lag and method as a markdown table, "
-        "and write table.md, results.json and bench_async.png.",
+        description="Train TRL's AsyncGRPOTrainer and AsyncRPGTrainer (RPG-REINFORCE-URKL with β = 1e-4 and 0.5, and "
+        "with GRPO's uncorrected k3) from the same supervised warm start of the demo's task, with rollouts sampled by "
+        "a local worker a fixed number of policy versions behind the trainer; print held-out accuracy and stability "
+        "per lag and method as a markdown table, and write table.md, results.json and bench_async.png.",
         dataclass_types=[BenchAsyncArguments],
     )
 

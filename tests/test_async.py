@@ -204,6 +204,33 @@ def test_reference_anchor_uses_the_initial_model(tiny_model_dir, tmp_path):
     assert trainer._metrics["train"]["kl"][-1] == pytest.approx(stats["kl"].item(), rel=1e-4)
 
 
+def test_reference_anchor_with_peft_is_the_base_model(tiny_model_dir, tmp_path):
+    """With PEFT the reference is the policy with its adapter disabled: no copy is loaded, and the reference
+    log-probabilities of the packed row are the base model's (a plain forward), while the policy's differ."""
+    from peft import LoraConfig
+
+    worker = make_worker(tiny_model_dir)
+    trainer = AsyncRPGTrainer(
+        tiny_model_dir,
+        args=AsyncRPGConfig(**async_args(tmp_path, kl_anchor="reference", beta=0.5)),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+        **trainer_kwargs(tiny_model_dir, worker),
+    )
+    assert trainer.ref_model is None
+    with torch.no_grad():
+        for name, parameter in trainer.model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(0.0, 0.5)
+    samples = random_rollouts(trainer.processing_class, seed=7)
+    forward_inputs, terms = trainer._packed_row(pack(samples, trainer.processing_class.pad_token_id))
+    ref = trainer._reference_log_probs(trainer.model, forward_inputs)[terms["token_index"]]
+    with torch.no_grad():
+        policy = trainer.model(**forward_inputs, fused_lm_head=True).log_probs.flatten()[terms["token_index"]]
+        base, mask = completion_log_probs(plain_model(tiny_model_dir), samples)
+    torch.testing.assert_close(ref, base[mask.bool()], rtol=1e-5, atol=1e-5)
+    assert (policy - ref).abs().max() > 1e-2
+
+
 def test_staleness_is_the_trainer_version_minus_each_sample_version(rpg_and_batch):
     trainer, (samples, _, _, batch) = rpg_and_batch
     versions = [7, 7, 7, 7, 4, 4, 5, 5]
@@ -295,3 +322,38 @@ def test_local_worker_samples_from_the_published_version(tiny_model_dir):
         torch.testing.assert_close(p.detach(), version_2[name])
     assert {len(s.input_ids) - int(s.completion_mask.sum()) for s in samples} == {4}  # the prompt "a+b="
     assert all(len(s.old_log_probs) == len(s.input_ids) for s in samples)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# rpg-trl bench-async
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_bench_async_command_end_to_end(tmp_path):
+    """`rpg-trl bench-async` on an untrained demo model (no warm start), two methods, 2 steps at lag 2: the table, the
+    plot and the results, with the lag each run was trained at."""
+    import json
+
+    from rpg_trl.cli import main
+
+    output = tmp_path / "bench"
+    argv = ["bench-async", "--quick", "--output_dir", str(output), "--sft_steps", "0", "--steps", "2", "--lags", "2"]
+    argv += ["--methods", "AsyncGRPO", "RPG-REINFORCE-URKL", "--eval_problems", "8", "--eval_every", "2"]
+    assert main(argv) == 0
+    results = json.loads((output / "results.json").read_text())
+    assert [(r["method"], r["lag"]) for r in results["runs"]] == [("AsyncGRPO", 2), ("RPG-REINFORCE-URKL", 2)]
+    for run in results["runs"]:
+        assert [tuple(v) for v in run["sampled_versions"]] == [(1, 1), (2, 1)]  # step s from version max(1, s - 2)
+        assert [p["step"] for p in run["accuracy_curve"]] == [0, 2]
+    table = (output / "table.md").read_text()
+    assert "| 2 | AsyncGRPO |" in table and "| 2 | RPG-REINFORCE-URKL |" in table
+    assert (output / "bench_async.png").stat().st_size > 10_000
+
+
+def test_bench_async_refuses_bad_arguments():
+    from rpg_trl.bench_async import BenchAsyncArguments
+
+    with pytest.raises(ValueError, match="lags"):
+        BenchAsyncArguments(lags=[0])
+    with pytest.raises(ValueError, match="Unknown method"):
+        BenchAsyncArguments(methods=["PPO"])

@@ -159,24 +159,9 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         tokens (AsyncGRPO's normaliser: the global token count per process), divided by the accumulation steps.
         """
         args: AsyncRPGConfig = self.args
-        mask_bool = inputs["attention_mask"].bool()
-        selected = inputs["token_index"] >= 0
-        forward_inputs = {
-            "input_ids": inputs["input_ids"][mask_bool].unsqueeze(0),
-            "position_ids": inputs["position_ids"][mask_bool].unsqueeze(0),
-            "shift_labels": inputs["shift_labels"][mask_bool].unsqueeze(0),
-            **{
-                key: inputs[key][inputs[key] >= 0]
-                for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")
-            },
-        }
-        forward_inputs["tree_max_seqlen_q"], forward_inputs["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][
-            0
-        ].tolist()
-        token_index = inputs["token_index"][selected]
-        old_log_probs = inputs["old_log_probs"][selected]
-        advantages = inputs["advantages"][selected]
-        segment_id = inputs["segment_id"][selected]
+        forward_inputs, terms = self._packed_row(inputs)
+        token_index, segment_id = terms["token_index"], terms["segment_id"]
+        old_log_probs, advantages = terms["old_log_probs"], terms["advantages"]
 
         forward_start = time.time()
         router_kwargs = {"output_router_logits": True} if self.aux_loss_enabled else {}
@@ -228,6 +213,23 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         self._step_samples += n_forward_tokens / mean_seq_len
         self._step_forward_s += self._last_forward_time_s
         return loss
+
+    @staticmethod
+    def _packed_row(inputs) -> tuple[dict, dict]:
+        """This process's packed row (AsyncGRPOTrainer's batch layout, TRL 1.16) without the inter-process padding:
+        the model's inputs (tokens, positions, next-token labels, tree-attention segments) and the loss terms, one per
+        trained token (`token_index`: the packed position that predicts it; `old_log_probs`, `advantages`,
+        `segment_id`: its completion in the row)."""
+        mask = inputs["attention_mask"].bool()
+        forward_inputs = {key: inputs[key][mask].unsqueeze(0) for key in ("input_ids", "position_ids", "shift_labels")}
+        for key in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k"):
+            forward_inputs[key] = inputs[key][inputs[key] >= 0]
+        forward_inputs["tree_max_seqlen_q"], forward_inputs["tree_max_seqlen_k"] = inputs["tree_max_seqlens"][
+            0
+        ].tolist()
+        selected = inputs["token_index"] >= 0
+        terms = {key: inputs[key][selected] for key in ("token_index", "old_log_probs", "advantages", "segment_id")}
+        return forward_inputs, terms
 
     @torch.no_grad()
     def _reference_log_probs(self, model, forward_inputs) -> torch.Tensor:

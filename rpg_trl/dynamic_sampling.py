@@ -395,9 +395,9 @@ class DynamicSamplingMixin:
     """
     Adds DAPO dynamic sampling to a [`~trl.GRPOTrainer`] subclass, e.g. `class DAPOTrainer(DynamicSamplingMixin,
     GRPOTrainer)`. Its `args` must carry [`~rpg_trl.RPGConfig`]'s `dynamic_sampling`, `dynamic_sampling_max_rounds` and
-    `dynamic_sampling_metric` (a plain `GRPOConfig` has none of them: sampling is then TRL's). [`~rpg_trl.RPGTrainer`]
-    has the same two overrides built in, and saves the replacement prompts' position in its checkpoints
-    ([`rpg_trl.resume`]); with this mixin alone a resumed run reads them from the start of the stream again.
+    `dynamic_sampling_metric` (a plain `GRPOConfig` has none of them: sampling is then TRL's). The position of the
+    replacement prompts is saved in checkpoints by [`rpg_trl.reliability.ReliabilityMixin`] ([`rpg_trl.resume`]), as
+    in [`~rpg_trl.RPGTrainer`]; with this mixin alone a resumed run reads the stream from its start again.
     """
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):

@@ -1,5 +1,5 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-r"""Datasets of the paper's math-reasoning setup (Sec. 5 and Appendix H; RPG_SPEC section 6).
+r"""Datasets of the paper's math-reasoning setup (Sec. 5 and Appendix H).
 
 The paper trains on the English subset of DAPO-Math-17k and evaluates on AIME24, AIME25 and AMC23; where the authors
 published the files they use (the English training file, their AIME 2024 copy), those are the defaults. The loaders

@@ -1,5 +1,5 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-r"""DAPO dynamic sampling (Yu et al., 2025), used by the paper's runs (Sec. 5; RPG_SPEC §6).
+r"""DAPO dynamic sampling (Yu et al., 2025), used by the paper's runs (Sec. 5).
 
 A group (the `num_generations` completions of one prompt) whose rewards are all equal (accuracy all 0 or all 1) has a
 zero advantage for every completion: it gives no reward gradient and only dilutes the batch. Dynamic sampling drops
@@ -7,7 +7,7 @@ such groups and generates completions for new prompts until every process holds 
 with signal, for at most `dynamic_sampling_max_rounds` generation rounds; when the bound is hit the batch is filled
 with the zero-variance groups generated so far (advantage 0: they only carry the KL term).
 
-How it fits TRL's [`~trl.GRPOTrainer`] (RPG_SPEC §7):
+How it fits TRL's [`~trl.GRPOTrainer`]:
 
 - TRL gives each process a local generation batch of `per_device_train_batch_size * steps_per_generation` rows, in
   which every prompt is repeated `num_generations` times consecutively (its `RepeatSampler`). When that local size is a

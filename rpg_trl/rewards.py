@@ -1,5 +1,5 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-r"""Reward functions for the paper's math-reasoning setup (Sec. 5 and Appendix H; RPG_SPEC section 6).
+r"""Reward functions for the paper's math-reasoning setup (Sec. 5 and Appendix H).
 
 The paper trains on DAPO-Math-17k and evaluates on AIME24, AIME25 and AMC23 with a rule-based, verifiable reward: the
 prompt (see [`rpg_trl.data.PROMPT_TEMPLATE`]) asks the model to end its response with a line ``Answer: $Answer``, the

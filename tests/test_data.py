@@ -29,7 +29,7 @@ from rpg_trl.data import (
 from rpg_trl.rewards import accuracy_reward
 
 
-# The paper's prompt, written out by hand (RPG_SPEC section 6), around the question "What is 1 + 1?".
+# The paper's prompt, written out by hand (the paper's Sec. 5 and Appendix H), around the question "What is 1 + 1?".
 EXPECTED_PROMPT = (
     "Solve the following math problem step by step. The last line of your response should be of the form Answer: "
     "$Answer (without quotes) where $Answer is the answer to the problem.\n\nWhat is 1 + 1?\n\nRemember to put your "

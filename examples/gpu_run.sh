@@ -29,7 +29,7 @@
 # Carrying the packages. The lent GPU machine has PyTorch, CUDA, accelerate, transformers, peft, pytest, pandas and
 # pyarrow, but no network, no vLLM and no trl, datasets, deepspeed or math-verify. On a machine with PyPI access:
 #   bash examples/gpu_run.sh --fetch-wheels
-# downloads into wheels/ (ignored by git) the wheels of trl, transformers, datasets, math-verify and their missing
+# downloads into wheels/ (ignored by git) the wheels of trl, transformers, peft, datasets, math-verify and their missing
 # requirements for Python 3.12 on x86-64 Linux, pinned to the versions installed here (the ones CI tests), and builds a
 # deepspeed wheel (DeepSpeed publishes source only; DS_BUILD_OPS=0, its kernels compile on first use). Then hand the
 # folder to the machine with the device tool's `carry` argument (about 20 MiB; the working tree travels with it, 64 MiB
@@ -76,13 +76,14 @@ done
 fetch_wheels() {
     mkdir -p "$WHEELS"
     rm -f "$WHEELS"/*.whl  # one version of each: two stop the install
-    # Pinned to the versions installed here; the GPU machine lacks these (its accelerate, peft, tokenizers,
-    # huggingface-hub, safetensors, pandas, pyarrow, psutil, msgpack, ninja, py-cpuinfo, einops, sympy, typer are used).
+    # Pinned to the versions installed here. The GPU machine lacks trl, datasets, math-verify, deepspeed and their
+    # requirements below; transformers and peft replace its own (the versions CI tests); its accelerate, tokenizers,
+    # huggingface-hub, safetensors, pandas, pyarrow, psutil, msgpack, ninja, py-cpuinfo, einops, sympy, typer are used.
     local pins
     pins="$("$PY" - <<'EOF'
 import importlib.metadata as m
 
-names = ["trl", "transformers", "datasets", "dill", "multiprocess", "fsspec", "math-verify", "latex2sympy2_extended",
+names = ["trl", "transformers", "peft", "datasets", "dill", "multiprocess", "fsspec", "math-verify", "latex2sympy2_extended",
          "antlr4-python3-runtime", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "hjson"]
 for name in names:
     try:
@@ -174,7 +175,10 @@ if missing:
     sys.exit(f"gpu_run.sh: missing packages {missing}: carry their wheels (bash examples/gpu_run.sh --fetch-wheels)")
 for module in ["trl", "datasets", "math_verify", "rpg_trl"] + (["deepspeed"] if device == "cuda" else []):
     importlib.import_module(module)
-commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+try:  # the lent machine gets the working tree without .git, maybe without git
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
+except OSError:
+    commit = None
 env = {
     "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
@@ -263,7 +267,7 @@ summary = {
     "metrics": keys,
     "last_step": {k: train[-1][k] for k in keys},
     "rewards": [log["reward"] for log in train if "reward" in log],
-    # Exact resume (rpg_trl/resume.py): steps 11-20 of both runs train on the same batches.
+    # Exact resume (rpg_trl/reliability/generation_state.py): steps 11-20 of both runs train on the same batches.
     "loss_steps_11_20": [log["loss"] for log in train[10:]],
     "loss_steps_11_20_resumed": [log["loss"] for log in resumed],
     "max_abs_loss_difference_after_resume": max(abs(a["loss"] - b["loss"]) for a, b in zip(train[10:], resumed)),

@@ -162,7 +162,9 @@ def test_trainer_lands_on_its_own_objectives_optimum(tmp_path):
     from rpg_trl.bench_optimum import build_task, train_variant
     from rpg_trl.demo import cpu_session
 
-    args = BenchOptimumArguments(output_dir=str(tmp_path), steps=80, batch_size=64, learning_rate=2e-2)
+    # 60 steps of 48 completions: the distance to the own optimum is 0.02-0.08 over seeds 0-3 (0.015-0.035 after the
+    # benchmark's 300 steps of 128), against 0.44 between the optima.
+    args = BenchOptimumArguments(output_dir=str(tmp_path), steps=60, batch_size=48, learning_rate=3e-2)
     with cpu_session(1), tqdm(disable=True) as bar:
         task = build_task(tmp_path / "reference", args)
         apart = total_variation(task.optima["reverse"], task.optima["forward"])
@@ -174,8 +176,8 @@ def test_trainer_lands_on_its_own_objectives_optimum(tmp_path):
         ):
             run = train_variant(task, args, variant, regime, tmp_path / variant, bar)
             other = "forward" if lands_on == "reverse" else "reverse"
-            assert run["tv"][lands_on] < 0.08, (variant, run["tv"])
-            assert run["tv"][other] > apart - 0.1, (variant, run["tv"])
+            assert run["tv"][lands_on] < 0.12, (variant, run["tv"])
+            assert run["tv"][other] > 0.3, (variant, run["tv"])
             assert run["curve"][0]["step"] == 0 and run["curve"][-1]["step"] == args.steps
 
 

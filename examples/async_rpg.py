@@ -7,14 +7,14 @@ updates) with the RPG loss, on DAPO-Math-17k. Guide and measurements: docs/async
 of an asynchronous trainer was sampled by a policy version that lags the trainer (up to `max_staleness` versions):
 RPG's importance-weighted KL and RPG-Style Clip are the exact off-policy forms for such data. Reads top to bottom:
 arguments, data, rewards, trainer, train, save. Every option of `AsyncRPGConfig` (TRL's `AsyncGRPOConfig` plus RPG's
-loss fields) is a command-line flag or a key of the `--config` YAML file (see `recipes/async_rpg_urkl.yaml`).
+loss fields) is a command-line flag or a key of the `--config` YAML file (see `recipes/async/rpg_urkl.yaml`).
 
     # 1. the generation server, on its own GPU(s), serving the model in the trainer's dtype
     CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model Qwen/Qwen3-1.7B --dtype float32
     # 2. the trainer, on the other GPU(s)
-    CUDA_VISIBLE_DEVICES=1 python examples/async_rpg.py --config recipes/async_rpg_urkl.yaml
+    CUDA_VISIBLE_DEVICES=1 python examples/async_rpg.py --config recipes/async/rpg_urkl.yaml
     # TRL's own asynchronous GRPO loss, everything else identical
-    CUDA_VISIBLE_DEVICES=1 python examples/async_rpg.py --config recipes/async_rpg_urkl.yaml --algorithm grpo
+    CUDA_VISIBLE_DEVICES=1 python examples/async_rpg.py --config recipes/async/rpg_urkl.yaml --algorithm grpo
 
 The rollout worker scores completions in a spawned process, so reward functions must be picklable module-level
 functions (here `rpg_trl.rewards.accuracy_reward` and `format_reward`).

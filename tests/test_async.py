@@ -266,6 +266,8 @@ def test_trains_end_to_end_two_versions_stale(tiny_model_dir, tmp_path):
     assert worker.sampled_versions[:steps] == [(s, max(1, s - lag)) for s in range(1, steps + 1)]
     assert _history(trainer, "staleness/max") == [0, 1, 2, 2, 2, 2]
     assert _history(trainer, "staleness/mean") == [0, 1, 2, 2, 2, 2]
+    # TRL's own measure is taken when a sample leaves the queue, one micro-batch ahead of its gradient step.
+    assert _history(trainer, "sample/staleness_max")[2:] == [1, 1, 1, 1]
     # Step 1 is on-policy: the packed tree-attention forward reproduces the sampler's log-probabilities.
     assert _history(trainer, "importance_weight/max")[0] == pytest.approx(1.0, abs=1e-4)
     assert _history(trainer, "importance_weight/min")[0] == pytest.approx(1.0, abs=1e-4)

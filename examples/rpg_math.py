@@ -35,8 +35,8 @@ from rpg_trl.baselines import BASELINE_NAMES, ReinforcePlusPlusConfig, Reinforce
 from rpg_trl.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
 from rpg_trl.dynamic_sampling import DynamicSamplingMixin
 from rpg_trl.losses import PAPER_NAMES
+from rpg_trl.reliability.teardown import hold_process_group_until_exit
 from rpg_trl.rewards import accuracy_reward, format_reward, get_soft_overlong_punishment
-from rpg_trl.teardown import hold_process_group_until_exit
 
 from eval_math import load_eval_sets  # the sibling script: benchmarks by name ('aime24', ...) or files
 

@@ -297,6 +297,24 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:.1f}"
 
 
+def environment(device: str) -> dict:
+    """Where and when the numbers were measured: device name, versions, UTC date."""
+    import platform
+    from datetime import datetime, timezone
+
+    import torch
+    import trl
+
+    cuda = device == "cuda" and torch.cuda.is_available()
+    return {
+        "device_name": torch.cuda.get_device_name() if cuda else (platform.processor() or platform.machine()),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "trl": trl.__version__,
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def run(opts) -> dict:
     """Run the benchmark described by the parsed `opts` and print a markdown report; returns the results dict."""
     from tqdm.auto import tqdm
@@ -322,10 +340,11 @@ def run(opts) -> dict:
             "has_ref_model": results[0]["has_ref_model"],
         }
     loss = _loss_only(opts)
-    report = {"settings": settings(opts), "runs": summary}
+    report = {"settings": settings(opts), "environment": environment(opts.device), "runs": summary}
     report["loss_only"] = loss
     lines = [
-        f"device: {opts.device}, model: hidden {opts.hidden_size} x {opts.num_layers} layers, "
+        f"device: {report['environment']['device_name']} ({opts.device}), {report['environment']['date_utc'][:10]}, "
+        f"model: hidden {opts.hidden_size} x {opts.num_layers} layers, "
         f"{opts.batch_size} completions x {opts.completion_length} tokens per micro-batch, "
         f"steps_per_generation={opts.steps_per_generation}, LoRA={opts.lora}, repeats={opts.repeats}, "
         f"{opts.steps} timed steps each, torch threads: {opts.num_threads or 'default'}",

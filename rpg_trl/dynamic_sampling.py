@@ -21,7 +21,7 @@ How it fits TRL's [`~trl.GRPOTrainer`]:
   holds a prompt twice: prompts already in it (the data loader's, gathered from every process, and earlier rounds')
   are passed over, unless the dataset is too small to avoid it. Every process holds the same stream and draws the same
   global prompts, and takes its own slice (disjoint prompts). The stream's position is saved in checkpoints with the
-  generation state ([`rpg_trl.resume`]), so a resumed run draws what the interrupted one would have. An extra round
+  generation state ([`rpg_trl.reliability.generation_state`]), so a resumed run draws what the interrupted one would have. An extra round
   draws as many prompts as the observed keep rate predicts are still missing on the neediest process, at most a full
   batch. (TRL's data loader keeps its own epoch: the replacement prompts do not shorten it.)
 - Advantages are TRL's, computed per generation round: with `scale_rewards="group"` or `"none"` (the paper's) they
@@ -396,7 +396,7 @@ class DynamicSamplingMixin:
     Adds DAPO dynamic sampling to a [`~trl.GRPOTrainer`] subclass, e.g. `class DAPOTrainer(DynamicSamplingMixin,
     GRPOTrainer)`. Its `args` must carry [`~rpg_trl.RPGConfig`]'s `dynamic_sampling`, `dynamic_sampling_max_rounds` and
     `dynamic_sampling_metric` (a plain `GRPOConfig` has none of them: sampling is then TRL's). The position of the
-    replacement prompts is saved in checkpoints by [`rpg_trl.reliability.ReliabilityMixin`] ([`rpg_trl.resume`]), as
+    replacement prompts is saved in checkpoints by [`rpg_trl.reliability.ReliabilityMixin`] ([`rpg_trl.reliability.generation_state`]), as
     in [`~rpg_trl.RPGTrainer`]; with this mixin alone a resumed run reads the stream from its start again.
     """
 

@@ -1,6 +1,6 @@
 """One process of a 2-process gloo run shaped like the end of a training script: a DDP model (its C++ `Reducer` owns
 the process group), all_gathers of temporary tensors (like `Trainer.store_flos` at the end of `train()`), then
-`destroy_process_group()` (`Trainer.end()`) and exit. `hold` runs `rpg_trl.teardown.hold_process_group_until_exit`
+`destroy_process_group()` (`Trainer.end()`) and exit. `hold` runs `rpg_trl.reliability.teardown.hold_process_group_until_exit`
 first; `plain` does not (PyTorch's own teardown: on this 2-core CPU about 2 runs in 5 deadlocked or aborted at exit)."""
 
 import sys
@@ -8,7 +8,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rpg_trl.teardown import hold_process_group_until_exit
+from rpg_trl.reliability.teardown import hold_process_group_until_exit
 
 
 def main(mode):

@@ -65,3 +65,8 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
     for run in runs.values():
         assert run["step_time_s"] > 0 and run["peak_memory_bytes"] > 0
     assert report["loss_only"]["ratio"] > 0
+    # Where and when: the device, the versions and the date travel with the numbers.
+    import torch
+
+    assert report["environment"]["torch"] == torch.__version__ and report["environment"]["device_name"]
+    assert report["environment"]["date_utc"][:4].isdigit() and report["environment"]["cuda"] is None

@@ -396,7 +396,7 @@ def test_tiny_training_run_sees_only_groups_with_signal(tiny_model_dir, tmp_path
 
 def test_a_resumed_run_draws_the_replacement_prompts_the_interrupted_one_would_have(tiny_model_dir, tmp_path):
     """Checkpoint at step 2 (a generation boundary), resume: the generation of step 3 needs replacement prompts; the
-    stream's position is in the checkpoint (`rpg_trl.resume`), so the resumed run draws the same ones and continues
+    stream's position is in the checkpoint (`rpg_trl.reliability.generation_state`), so the resumed run draws the same ones and continues
     exactly like the uninterrupted run (logs, batches, weights)."""
     tokenizer = build_char_tokenizer()
 

@@ -187,7 +187,7 @@ def test_rpg_math_two_processes(assets):
     # `accelerate launch --cpu` starts one process unless MPI is set up; `--multi_gpu` wraps torchrun, and the
     # trainer (`--use_cpu`) then joins a gloo process group on CPU.
     # With dynamic sampling (both processes take the same decisions from gathered rewards). This run used to train,
-    # save and then hang at exit about 1 time in 4: PyTorch's gloo teardown, now avoided by rpg_trl/teardown.py.
+    # save and then hang at exit about 1 time in 4: PyTorch's gloo teardown, now avoided by rpg_trl/reliability/teardown.py.
     output_dir = assets["root"] / "rpg-ddp"
     args = _train_args(
         assets,

@@ -118,7 +118,7 @@ def _run_two_processes(cmd, env, cwd, timeout):
 
 
 def test_gloo_runs_exit_cleanly(tmp_path):
-    # PyTorch's gloo teardown can deadlock or abort at exit (rpg_trl/teardown.py). Measured on a 2-core CPU with this
+    # PyTorch's gloo teardown can deadlock or abort at exit (rpg_trl/reliability/teardown.py). Measured on a 2-core CPU with this
     # worker: 10 of 30 `plain` runs failed (13 of 30 and 4 of 8 in earlier checks), 0 of 30 with the group held. With
     # PyTorch's teardown, eight runs all pass with p ~ (2/3)^8 < 4%.
     worker = Path(__file__).with_name("_teardown_worker.py")
@@ -140,7 +140,7 @@ def test_hold_is_idempotent_and_the_group_is_destroyed_before_the_interpreter_ex
     script = f"""
 import atexit
 import torch.distributed as dist
-from rpg_trl import teardown
+from rpg_trl.reliability import teardown
 
 # Registered before teardown's own handler, so it runs after it (atexit is last in, first out).
 atexit.register(lambda: print("initialized after release:", dist.is_initialized()))

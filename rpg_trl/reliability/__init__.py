@@ -7,19 +7,19 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 
 * [`reward_guard`]: non-finite rewards count as `None` (with a warning); a failing reward function is named with the
   sample it fails on.
-* [`rpg_trl.resume`]: the buffered generation batch and the micro-step counter are saved with each checkpoint, so a
+* [`rpg_trl.reliability.generation_state`]: the buffered generation batch and the micro-step counter are saved with each checkpoint, so a
   resumed run continues exactly where the interrupted one was, also in the middle of a generation cycle.
 * [`checks`]: datasets without a `prompt` column are refused when the trainer is built; a prompt that, with
   `max_completion_length`, exceeds the model's positions is reported once.
-* [`rpg_trl.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock.
+* [`rpg_trl.reliability.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock.
 """
 
 from __future__ import annotations
 
-from ..resume import load_generation_state, save_generation_state
-from ..teardown import hold_process_group_until_exit
 from .checks import ImportanceWeightMonitor, check_prompt_column, check_sequence_length
+from .generation_state import load_generation_state, save_generation_state
 from .reward_guard import RewardFunctionError, RewardGuard
+from .teardown import hold_process_group_until_exit
 
 
 class ReliabilityMixin:

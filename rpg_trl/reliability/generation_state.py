@@ -24,7 +24,7 @@ import os
 import torch
 from transformers.utils import logging
 
-from .dynamic_sampling import PromptStream
+from ..dynamic_sampling import PromptStream
 
 
 logger = logging.get_logger(__name__)

@@ -181,11 +181,6 @@ class PolicyVersions:
             self._closed = True
             self._condition.notify_all()
 
-    @property
-    def published(self) -> list[int]:
-        with self._condition:
-            return sorted(self._versions)
-
 
 class LocalWeightTransfer:
     """`WeightTransferProtocol` of [`LocalRolloutWorker`]: each sync copies the trainer's parameters (the

@@ -22,7 +22,7 @@
 #                            [--bench-repeats N] [--bench-modes full,lora] [--wheels DIR]
 #   bash examples/gpu_run.sh --fetch-wheels [--wheels DIR]
 #
-# --dry-run does the same on CPU with the tiny Qwen3 of rpg_trl.tiny and tiny lengths (the GPU tests through
+# --dry-run does the same on CPU with the tiny Qwen3 of rpg_trl.toy and tiny lengths (the GPU tests through
 # RPG_GPU_DRY_RUN=1, DeepSpeed skipped; bench-1k full and bench-4k LoRA only, unless --bench-modes is given): it proves
 # the run works before a GPU is at hand.
 #
@@ -202,7 +202,7 @@ if has_stage e2e; then
 import os, string, sys
 
 sys.path.insert(0, "tests")
-from rpg_trl.tiny import build_char_tokenizer, save_tiny_model
+from rpg_trl.toy import build_char_tokenizer, save_tiny_model
 from test_data import authors_row, write_parquet
 from test_gpu import MODEL_SIZES
 

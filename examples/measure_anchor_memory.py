@@ -24,7 +24,7 @@ from trl import TrlParser
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.callbacks import REF_ADAPTER
-from rpg_trl.tiny import build_char_tokenizer, save_tiny_model
+from rpg_trl.toy import build_char_tokenizer, save_tiny_model
 
 
 @dataclass

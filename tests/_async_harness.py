@@ -14,7 +14,7 @@ from trl.experimental.async_grpo.packing import TreeRow
 from rpg_trl.async_rpg.local import LocalRolloutWorker, LocalWeightTransfer
 
 
-#: "a+b=" prompts with their sum, covered by the character tokenizer of `rpg_trl.tiny`.
+#: "a+b=" prompts with their sum, covered by the character tokenizer of `rpg_trl.toy`.
 PROMPTS = Dataset.from_dict(
     {
         "prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)],

@@ -16,7 +16,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from rpg_trl import RPGConfig, RPGTrainer  # noqa: E402
-from rpg_trl.tiny import build_char_tokenizer  # noqa: E402
+from rpg_trl.toy import build_char_tokenizer  # noqa: E402
 
 from _tiny_runs import PROMPTS, tiny_run_args  # noqa: E402
 

@@ -20,9 +20,8 @@ import torch.distributed as dist
 from transformers import Qwen3ForCausalLM
 
 from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.bench_speed import make_fixed_rollout
 from rpg_trl.losses import AGGREGATIONS
-from rpg_trl.tiny import build_char_tokenizer
+from rpg_trl.toy import build_char_tokenizer, make_fixed_rollout
 
 from _tiny_runs import PROMPTS, quiet_cpu_args
 

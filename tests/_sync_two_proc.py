@@ -60,7 +60,7 @@ def main(model_dir: str, out_dir: str) -> None:
     from transformers import TrainerCallback
 
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.tiny import build_char_tokenizer
+    from rpg_trl.toy import build_char_tokenizer
 
     from _tiny_runs import PROMPTS, quiet_cpu_args
 

@@ -4,7 +4,7 @@ import torch
 from datasets import Dataset
 
 
-#: 100 "a+b=" prompts, all covered by the character tokenizer of `rpg_trl.tiny`.
+#: 100 "a+b=" prompts, all covered by the character tokenizer of `rpg_trl.toy`.
 PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
 
 

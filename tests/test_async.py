@@ -375,7 +375,7 @@ def test_bench_async_command_end_to_end(tmp_path):
 
 
 def test_bench_async_refuses_bad_arguments():
-    from rpg_trl.bench_async import BenchAsyncArguments
+    from rpg_trl.cli.bench_async import BenchAsyncArguments
 
     with pytest.raises(ValueError, match="lags"):
         BenchAsyncArguments(lags=[0])

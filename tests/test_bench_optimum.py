@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from rpg_trl.bench_optimum import (
+from rpg_trl.cli.bench_optimum import (
     VARIANTS,
     BenchOptimumArguments,
     effective_reward_scale,
@@ -159,8 +159,8 @@ def test_trainer_lands_on_its_own_objectives_optimum(tmp_path):
     optimum it is meant to reach."""
     from tqdm.auto import tqdm
 
-    from rpg_trl.bench_optimum import build_task, train_variant
-    from rpg_trl.demo import cpu_session
+    from rpg_trl.cli.bench_optimum import build_task, train_variant
+    from rpg_trl.toy import cpu_session
 
     # 60 steps of 48 completions: the distance to the own optimum is 0.02-0.08 over seeds 0-3 (0.015-0.035 after the
     # benchmark's 300 steps of 128), against 0.44 between the optima.

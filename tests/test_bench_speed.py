@@ -6,11 +6,12 @@ import subprocess
 import sys
 
 from rpg_trl import cli
-from rpg_trl.bench_speed import add_arguments, make_fixed_rollout, settings
+from rpg_trl.cli.bench_speed import add_arguments, settings
+from rpg_trl.toy import make_fixed_rollout
 
 
 def test_fixed_rollout_is_deterministic_and_varies_within_a_group():
-    from rpg_trl.tiny import build_char_tokenizer
+    from rpg_trl.toy import build_char_tokenizer
 
     class FakeTrainer:
         processing_class = build_char_tokenizer()
@@ -25,7 +26,7 @@ def test_fixed_rollout_is_deterministic_and_varies_within_a_group():
 
 
 def test_both_entry_points_record_the_same_settings():
-    """`rpg-trl bench-speed` and `python -m rpg_trl.bench_speed` parse to different namespaces (the former carries the
+    """`rpg-trl bench-speed` and `python -m rpg_trl.cli.bench_speed` parse to different namespaces (the former carries the
     subcommand and its function, which `json.dumps` refused, losing the measurements); the report records the same
     options from both."""
     argv = ["--quick", "--device", "cpu", "--steps", "3", "--output-json", "out.json"]

@@ -22,7 +22,7 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.callbacks import REF_ADAPTER, REFERENCE_FILE, RefModelSyncCallback
 from rpg_trl.ref_sync.trigger import SyncTrigger
 from rpg_trl.ref_sync.weights import gather_reference, mix_parameters, restore_reference
-from rpg_trl.tiny import build_char_tokenizer
+from rpg_trl.toy import build_char_tokenizer
 
 from _sync_two_proc import AllocatedBytes
 from _tiny_runs import PROMPTS, quiet_cpu_args

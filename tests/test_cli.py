@@ -12,8 +12,9 @@ import pytest
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_trl import RPGConfig, RPGTrainer, bench_algos, cli, plotting
-from rpg_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from rpg_trl import RPGConfig, RPGTrainer, cli
+from rpg_trl.cli import bench_algos, plot
+from rpg_trl.toy import build_char_tokenizer, build_tiny_qwen3, curves
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -150,9 +151,9 @@ def test_find_trainer_state_prefers_output_dir_then_latest_checkpoint(tmp_path):
     for step in (5, 40, 300):
         (tmp_path / f"checkpoint-{step}").mkdir()
         (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"log_history": []}))
-    assert plotting.find_trainer_state(str(tmp_path)).endswith(os.path.join("checkpoint-300", "trainer_state.json"))
+    assert curves.find_trainer_state(str(tmp_path)).endswith(os.path.join("checkpoint-300", "trainer_state.json"))
     (tmp_path / "trainer_state.json").write_text(json.dumps({"log_history": []}))
-    assert plotting.find_trainer_state(str(tmp_path)) == str(tmp_path / "trainer_state.json")
+    assert curves.find_trainer_state(str(tmp_path)) == str(tmp_path / "trainer_state.json")
 
 
 def test_plot_overlays_rpg_and_grpo_runs(tiny_runs, tmp_path, capsys):
@@ -162,7 +163,7 @@ def test_plot_overlays_rpg_and_grpo_runs(tiny_runs, tmp_path, capsys):
     assert png.startswith(PNG_SIGNATURE) and len(png) > 10_000
     assert "2 runs" in capsys.readouterr().out
     for run_dir in tiny_runs:
-        steps, values = plotting.metric_series(plotting.load_log_history(run_dir), "reward")
+        steps, values = curves.metric_series(curves.load_log_history(run_dir), "reward")
         assert steps and all(isinstance(v, float) for v in values)
 
 
@@ -175,7 +176,7 @@ def test_plot_output_format_follows_the_suffix(tiny_runs, tmp_path, suffix, sign
 
 def test_plot_names_must_match_runs(tiny_runs, tmp_path):
     with pytest.raises(ValueError, match="one entry per run: got 1 names for 2 runs"):
-        plotting.plot_runs(list(tiny_runs), str(tmp_path / "x.png"), names=["only-one"])
+        plot.plot_runs(list(tiny_runs), str(tmp_path / "x.png"), names=["only-one"])
 
 
 def test_plot_without_trainer_state_fails_clearly(tmp_path, capsys):
@@ -190,13 +191,13 @@ def test_plot_without_trainer_state_fails_clearly(tmp_path, capsys):
 
 
 def test_smoothing_and_names():
-    assert plotting.smooth([1.0, 2.0, 3.0], 0.0) == [1.0, 2.0, 3.0]
+    assert curves.smooth([1.0, 2.0, 3.0], 0.0) == [1.0, 2.0, 3.0]
     # EMA with bias correction: 1; (0.5*0.5 + 0.5*3) / (1 - 0.25) = 7/3
-    assert plotting.smooth([1.0, 3.0], 0.5) == pytest.approx([1.0, 7.0 / 3.0])
+    assert curves.smooth([1.0, 3.0], 0.5) == pytest.approx([1.0, 7.0 / 3.0])
     with pytest.raises(ValueError, match="got 1.0"):
-        plotting.smooth([1.0], 1.0)
-    assert plotting.run_names(["/a/x/run", "/b/y/run", "/c/other"]) == ["x/run", "y/run", "c/other"]
-    assert plotting.run_names(["/a/grpo", "/a/rpg/"]) == ["grpo", "rpg"]
+        curves.smooth([1.0], 1.0)
+    assert plot.run_names(["/a/x/run", "/b/y/run", "/c/other"]) == ["x/run", "y/run", "c/other"]
+    assert plot.run_names(["/a/grpo", "/a/rpg/"]) == ["grpo", "rpg"]
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -205,9 +206,9 @@ def test_smoothing_and_names():
 
 
 def test_drawdown_and_moving_average():
-    assert bench_algos.max_drawdown([0.1, 0.5, 0.2, 0.4, 0.1, 0.9]) == pytest.approx(0.4)
-    assert bench_algos.max_drawdown([0.1, 0.2, 0.3]) == 0.0
-    assert bench_algos.moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
+    assert curves.max_drawdown([0.1, 0.5, 0.2, 0.4, 0.1, 0.9]) == pytest.approx(0.4)
+    assert curves.max_drawdown([0.1, 0.2, 0.3]) == 0.0
+    assert curves.moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
 
 
 def test_bench_arguments_presets_and_errors():

@@ -1,5 +1,5 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Tests of `rpg_trl.demo`: the task, the held-out accuracy and an end-to-end `rpg-trl demo` smoke run."""
+"""Tests of the addition task (`rpg_trl.toy`) and of `rpg-trl demo` (`rpg_trl.cli.demo`): the task, the held-out accuracy and an end-to-end `rpg-trl demo` smoke run."""
 
 import json
 import math
@@ -8,36 +8,37 @@ import random
 import pytest
 import torch
 
-from rpg_trl import demo
 from rpg_trl.cli import main
+from rpg_trl.cli.demo import DemoArguments
+from rpg_trl.toy import addition, evaluation
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def test_splits_are_disjoint_cover_all_problems_and_depend_on_the_seed():
-    splits = demo.make_splits(0, num_eval=400, num_rl=1600)
+    splits = addition.make_splits(0, num_eval=400, num_rl=1600)
     assert (len(splits.eval), len(splits.rl), len(splits.sft)) == (400, 1600, 8100 - 2000)
     sets = [set(splits.eval), set(splits.rl), set(splits.sft)]
     assert set().union(*sets) == {(a, b) for a in range(10, 100) for b in range(10, 100)}
     assert sum(map(len, sets)) == 8100  # pairwise disjoint
-    assert demo.make_splits(0).eval == splits.eval
-    assert demo.make_splits(1).eval != splits.eval
+    assert addition.make_splits(0).eval == splits.eval
+    assert addition.make_splits(1).eval != splits.eval
     with pytest.raises(ValueError, match="num_eval \\+ num_rl"):
-        demo.make_splits(0, num_eval=8000, num_rl=100)
+        addition.make_splits(0, num_eval=8000, num_rl=100)
 
 
 def test_noisy_sum_is_exact_without_noise_and_off_by_one_or_ten_with_noise():
     rng = random.Random(0)
-    assert all(demo.noisy_sum(a, b, rng, 0.0) == a + b for a, b in [(10, 10), (57, 38), (99, 99)])
-    offsets = {demo.noisy_sum(57, 38, rng, 1.0) - 95 for _ in range(200)}
+    assert all(addition.noisy_sum(a, b, rng, 0.0) == a + b for a, b in [(10, 10), (57, 38), (99, 99)])
+    offsets = {addition.noisy_sum(57, 38, rng, 1.0) - 95 for _ in range(200)}
     assert offsets == {-1, 1, -10, 10}
-    assert all(demo.noisy_sum(1, 2, rng, 1.0) >= 0 for _ in range(100))  # 3 - 10 is never produced
+    assert all(addition.noisy_sum(1, 2, rng, 1.0) >= 0 for _ in range(100))  # 3 - 10 is never produced
 
 
 def test_sft_dataset_has_half_wrong_labels_and_seventy_percent_easy_rows():
-    pairs = demo.make_splits(0).sft
-    dataset = demo.build_sft_dataset(pairs, seed=0)
+    pairs = addition.make_splits(0).sft
+    dataset = addition.build_sft_dataset(pairs, seed=0)
     assert len(dataset) == len(pairs) + round(len(pairs) * 0.7 / 0.3)
     two_digit = [row for row in dataset if len(row["prompt"]) == 6]  # "ab+cd=": the supervised pool only
     assert len(two_digit) == len(pairs)
@@ -49,26 +50,26 @@ def test_sft_dataset_has_half_wrong_labels_and_seventy_percent_easy_rows():
 
 
 def test_addition_reward_matches_the_number_only():
-    rewards = demo.addition_reward(["57", "057", "58", "", "5 7x"], ["57"] * 5)
+    rewards = addition.addition_reward(["57", "057", "58", "", "5 7x"], ["57"] * 5)
     assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
 def test_heldout_accuracy_is_reproducible_and_leaves_the_global_rng_alone():
-    model, tokenizer = demo.build_model(seed=0)
-    pairs = demo.make_splits(0, num_eval=20).eval
+    model, tokenizer = addition.build_model(seed=0)
+    pairs = addition.make_splits(0, num_eval=20).eval
     torch.manual_seed(123)
     expected_next = torch.rand(3)
     torch.manual_seed(123)
-    first = demo.heldout_accuracy(model, tokenizer, pairs, num_samples=2, seed=7)
+    first = evaluation.heldout_accuracy(model, tokenizer, pairs, num_samples=2, seed=7)
     assert torch.equal(torch.rand(3), expected_next)
-    assert demo.heldout_accuracy(model, tokenizer, pairs, num_samples=2, seed=7) == first
+    assert evaluation.heldout_accuracy(model, tokenizer, pairs, num_samples=2, seed=7) == first
     assert 0.0 <= first <= 1.0
     assert model.training is False or model.training is True  # restored, whatever it was
 
 
 def test_demo_arguments_reject_bad_values_naming_them(capsys):
     with pytest.raises(ValueError, match="`steps` must be an integer >= 1; got 0"):
-        demo.DemoArguments(steps=0)
+        DemoArguments(steps=0)
     assert main(["demo", "--steps", "0"]) == 2
     assert "`steps`" in capsys.readouterr().err
 

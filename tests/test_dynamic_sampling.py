@@ -28,7 +28,7 @@ from rpg_trl.dynamic_sampling import (
     prompt_key,
     select_groups,
 )
-from rpg_trl.tiny import build_char_tokenizer
+from rpg_trl.toy import build_char_tokenizer
 
 from _tiny_runs import PROMPTS, tiny_run_args
 

@@ -9,7 +9,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.tiny import build_char_tokenizer
+from rpg_trl.toy import build_char_tokenizer
 
 from _tiny_runs import PROMPTS, fixed_inputs, loss_and_grad, tiny_run_args
 
@@ -20,7 +20,9 @@ def count_sevens(completions, **kwargs):
 
 def make_trainer(model_dir, tmp_path, trainer_cls=RPGTrainer, config_cls=RPGConfig, **overrides):
     args = config_cls(**tiny_run_args(tmp_path, **overrides))
-    return trainer_cls(model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer())
+    return trainer_cls(
+        model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
+    )
 
 
 def logged(trainer, key):

@@ -23,12 +23,11 @@ from hypothesis import strategies as st
 from transformers import AutoConfig
 
 from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.bench_speed import make_fixed_rollout
 from rpg_trl.losses import AGGREGATIONS, DIVERGENCES, ESTIMATORS, rpg_loss
 from rpg_trl.reliability import RewardFunctionError, RewardGuard
 from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE, load_generation_state, save_generation_state
 from rpg_trl.rewards import accuracy_reward, extract_answer, format_reward, get_soft_overlong_punishment
-from rpg_trl.tiny import build_char_tokenizer
+from rpg_trl.toy import build_char_tokenizer, make_fixed_rollout
 
 import _crash_worker
 from _tiny_runs import quiet_cpu_args

@@ -8,7 +8,7 @@ estimator, on-policy and off-policy, GRPO's uncorrected k3 penalty, and TRL's ow
 with and without the importance weight (`use_bias_correction_kl`), and measures how far each learned policy ends from
 each optimum (total variation distance). The derivations are in ``docs/bench_optimum.md``.
 
-**Task.** One prompt; the completion is a single token ``y`` of a tiny Qwen3 ([`rpg_trl.tiny`]) whose whole vocabulary
+**Task.** One prompt; the completion is a single token ``y`` of a tiny Qwen3 ([`rpg_trl.toy.models`]) whose whole vocabulary
 has ``K = 8`` tokens, so the policy is the model's next-token distribution ``π(y)`` after the prompt, a softmax over
 the ``K`` tokens. The reward is ``R(y) = y / (K − 1)`` for token id ``y``. The reference ``π_ref`` is the initial model,
 fitted beforehand to a distribution that decreases with ``y`` (against the reward), and the KL is anchored to it
@@ -181,7 +181,7 @@ REGIMES = {
     "off-policy": {"steps_per_generation": 2, "num_iterations": 2},
 }
 
-#: The tiny model's vocabulary: `rpg_trl.tiny.build_char_tokenizer(ALPHABET)` has <pad>, </s>, ':', 'A', 'Q', 'a',
+#: The tiny model's vocabulary: `rpg_trl.toy.build_char_tokenizer(ALPHABET)` has <pad>, </s>, ':', 'A', 'Q', 'a',
 #: 'b', 'c' (8 tokens), and every token is a possible one-token completion.
 ALPHABET = "abc"
 PROMPT = "A:"
@@ -301,7 +301,7 @@ def build_task(directory: str | Path, args: BenchOptimumArguments) -> Task:
     optima from the saved model's exact next-token distribution."""
     import torch
 
-    from .tiny import build_char_tokenizer, build_tiny_qwen3
+    from ..toy.models import build_char_tokenizer, build_tiny_qwen3
 
     tokenizer = build_char_tokenizer(ALPHABET)
     num_tokens = len(tokenizer)
@@ -392,7 +392,7 @@ def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: 
         from trl import GRPOConfig
 
         return GRPOConfig(**common)
-    from .config import RPGConfig
+    from ..config import RPGConfig
 
     return RPGConfig(kl_anchor="reference", **common)
 
@@ -435,7 +435,7 @@ def train_variant(task: Task, args: BenchOptimumArguments, variant: str, regime:
     from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOTrainer
 
-    from .trainer import RPGTrainer
+    from ..trainer import RPGTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(task.model_dir)
     tracker = _tracker_class()(task, tokenizer, args.eval_every, bar, f"{variant} {regime}")
@@ -594,7 +594,7 @@ def run_bench(args: BenchOptimumArguments) -> dict:
     from tqdm.auto import tqdm
     from transformers.utils import logging as hf_logging
 
-    from .demo import cpu_session
+    from ..toy.training import cpu_session
 
     start = time.perf_counter()
     output_dir = Path(args.output_dir)
@@ -646,14 +646,9 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     """Execute ``rpg-trl bench-optimum`` with the parsed command-line `args`."""
-    from .cli import CommandError
+    from . import dataclass_arguments
 
-    try:
-        bench_args = BenchOptimumArguments(
-            **{name: getattr(args, name) for name in BenchOptimumArguments.__dataclass_fields__}
-        )
-    except ValueError as exc:
-        raise CommandError(str(exc)) from exc
+    bench_args = dataclass_arguments(args, BenchOptimumArguments)
     report = run_bench(bench_args)
     print()
     print((Path(bench_args.output_dir) / "table.md").read_text())

@@ -1,7 +1,7 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""The ``rpg-trl bench-async`` command: asynchronous GRPO against asynchronous RPG at increasing policy lag.
 
-Every run trains the warm start of ``rpg-trl demo`` (two-digit additions, see [`rpg_trl.demo`]; one supervised warm
+Every run trains the warm start of ``rpg-trl demo`` (two-digit additions, see [`rpg_trl.toy.warm_start`]; one supervised warm
 start per seed, shared by all runs, as in ``rpg-trl bench-algos``) with TRL's asynchronous trainer on a CPU: a
 [`~rpg_trl.async_rpg.local.LocalRolloutWorker`] thread samples the rollouts of optimizer step ``s`` from policy
 version ``max(1, s - lag)``, so that every batch after the first ``lag`` ones is exactly ``lag`` versions stale.
@@ -40,6 +40,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from ..toy.curves import mean_std
 
 
 #: Method name -> (trainer, configuration overrides). "grpo" runs TRL's AsyncGRPOTrainer, "rpg" AsyncRPGTrainer.
@@ -130,15 +132,11 @@ class BenchAsyncArguments:
             raise ValueError(f"`learning_rate` must be a positive number; got {self.learning_rate!r}.")
 
 
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def _config(kind: str, output_dir: str, args: BenchAsyncArguments, seed: int, lag: int, overrides: dict):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from .async_rpg import AsyncRPGConfig
-    from .demo import rl_training_kwargs
+    from ..async_rpg import AsyncRPGConfig
+    from ..toy.training import rl_training_kwargs
 
     kwargs = rl_training_kwargs(steps=args.steps, seed=seed, learning_rate=args.learning_rate)
     kwargs.pop("steps_per_generation")  # synchronous GRPO only: here every optimizer step gets fresh rollouts
@@ -176,11 +174,12 @@ def run_one(args: BenchAsyncArguments, method: str, lag: int, seed: int, splits,
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from .async_rpg import AsyncRPGTrainer
-    from .async_rpg.local import LocalRolloutWorker, cpu_backend
-    from .bench_algos import REWARD_WINDOW, max_drawdown, moving_average
-    from .demo import addition_reward, build_rl_dataset, evaluation_seed, heldout_accuracy_callback, use_terse_progress
-    from .plotting import metric_series
+    from ..async_rpg import AsyncRPGTrainer
+    from ..async_rpg.local import LocalRolloutWorker, cpu_backend
+    from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed
+    from ..toy.curves import REWARD_WINDOW, max_drawdown, metric_series, moving_average
+    from ..toy.evaluation import heldout_accuracy_callback
+    from ..toy.training import use_terse_progress
 
     kind, overrides = METHODS[method]
     tokenizer = AutoTokenizer.from_pretrained(sft_dir)
@@ -256,7 +255,7 @@ def aggregate(results: list[dict], args: BenchAsyncArguments) -> list[dict]:
                 continue
             row = {"lag": lag, "method": method, "seeds": len(runs)}
             for key in ("last", "gain", "best", "max_reward_drop", "clipped", "seconds"):
-                row[key], row[key + "_std"] = _mean_std([r[key] for r in runs])
+                row[key], row[key + "_std"] = mean_std([r[key] for r in runs])
             rows.append(row)
     return rows
 
@@ -298,8 +297,7 @@ def plot_results(results: list[dict], run_dirs: dict, output: str, args: BenchAs
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .bench_algos import REWARD_WINDOW, moving_average
-    from .plotting import load_log_history, metric_series
+    from ..toy.curves import REWARD_WINDOW, load_log_history, metric_series, moving_average
 
     fig, axes = plt.subplots(2, len(args.lags), figsize=(5 * len(args.lags), 7), squeeze=False, sharey="row")
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -334,7 +332,7 @@ def plot_results(results: list[dict], run_dirs: dict, output: str, args: BenchAs
 
 def run_bench(args: BenchAsyncArguments) -> dict:
     """Run every (seed, lag, method), then write ``table.md``, ``results.json`` and ``bench_async.png``."""
-    from .demo import cpu_session
+    from ..toy.training import cpu_session
 
     with cpu_session(args.num_threads):
         return _run_bench(args)
@@ -344,8 +342,8 @@ def _run_bench(args: BenchAsyncArguments) -> dict:
     start = time.perf_counter()
     from tqdm.auto import tqdm
 
-    from .bench_algos import _warm_start
-    from .demo import make_splits
+    from ..toy.addition import make_splits
+    from ..toy.warm_start import cached_warm_start
 
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -355,7 +353,9 @@ def _run_bench(args: BenchAsyncArguments) -> dict:
     for seed in args.seeds:
         splits = make_splits(seed, num_eval=args.eval_problems)
         sft_dir = output_dir / f"seed{seed}" / "sft"
-        warm_starts[seed] = _warm_start(args, seed, splits, sft_dir)
+        warm_starts[seed] = cached_warm_start(
+            splits, sft_dir, steps=args.sft_steps, seed=seed, extra_rounds=args.sft_extra_rounds
+        )
         for lag in args.lags:
             for method in args.methods:
                 run_dir = output_dir / f"seed{seed}" / f"lag{lag}" / method
@@ -402,14 +402,9 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     """Execute ``rpg-trl bench-async`` with the parsed command-line `args`."""
-    from .cli import CommandError
+    from . import dataclass_arguments
 
-    try:
-        bench_args = BenchAsyncArguments(
-            **{name: getattr(args, name) for name in BenchAsyncArguments.__dataclass_fields__}
-        )
-    except ValueError as exc:
-        raise CommandError(str(exc)) from exc
+    bench_args = dataclass_arguments(args, BenchAsyncArguments)
     report = run_bench(bench_args)
     print()
     print((Path(bench_args.output_dir) / "table.md").read_text())

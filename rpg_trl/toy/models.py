@@ -1,5 +1,5 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Tiny Qwen3 models and character-level tokenizers built locally (no hub), for the demo, benchmarks and tests."""
+"""Tiny Qwen3 models and character-level tokenizers built locally (no hub), for the demo, the benchmarks and the tests."""
 
 from __future__ import annotations
 

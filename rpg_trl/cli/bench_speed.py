@@ -40,37 +40,6 @@ COMPARISONS = [
 ]
 
 
-def make_fixed_rollout(completion_length: int, vocab_low: int, vocab_high: int, seed: int = 0):
-    """A deterministic TRL `rollout_func`: each prompt text maps to fixed completions of `completion_length` tokens.
-
-    The k-th occurrence of a prompt in a process's batch gets the k-th completion of that prompt, so the groups of
-    `num_generations` completions differ within a group and are identical across runs, trainers and batch layouts.
-    Token ids are drawn from `[vocab_low, vocab_high)` (choose a range without EOS/pad so every completion is full).
-    """
-    import zlib
-
-    import torch
-
-    def rollout(prompts, trainer):
-        seen: dict[str, int] = {}
-        prompt_ids, completion_ids = [], []
-        for prompt in prompts:
-            text = (
-                prompt
-                if isinstance(prompt, str)
-                else trainer.processing_class.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-            )
-            k = seen.get(text, 0)
-            seen[text] = k + 1
-            generator = torch.Generator().manual_seed(seed * 1_000_003 + zlib.crc32(text.encode()) * 101 + k)
-            prompt_ids.append(trainer.processing_class(text, add_special_tokens=False)["input_ids"])
-            ids = torch.randint(vocab_low, vocab_high, (completion_length,), generator=generator)
-            completion_ids.append(ids.tolist())
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
-
-    return rollout
-
-
 def _peak_memory_bytes(device) -> int:
     import torch
 
@@ -87,7 +56,8 @@ def _worker(opts) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.tiny import build_char_tokenizer, save_tiny_model
+    from rpg_trl.toy.models import build_char_tokenizer, save_tiny_model
+    from rpg_trl.toy.rollouts import make_fixed_rollout
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
@@ -194,7 +164,7 @@ def _loss_only(opts) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.tiny import build_char_tokenizer, save_tiny_model
+    from rpg_trl.toy.models import build_char_tokenizer, save_tiny_model
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
@@ -265,7 +235,7 @@ def _loss_only(opts) -> dict:
 
 
 def _run_scenario(opts, scenario: str) -> dict:
-    cmd = [sys.executable, "-m", "rpg_trl.bench_speed", "--_worker", scenario] + _forwarded_flags(opts)
+    cmd = [sys.executable, "-m", "rpg_trl.cli.bench_speed", "--_worker", scenario] + _forwarded_flags(opts)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
     if out.returncode != 0:
         raise RuntimeError(f"bench-speed worker for {scenario!r} failed:\n{out.stderr[-4000:]}")
@@ -432,7 +402,7 @@ def _cuda_available() -> bool:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m rpg_trl.bench_speed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m rpg_trl.cli.bench_speed", description=__doc__.splitlines()[0])
     add_arguments(parser)
     parser.add_argument("--_worker", default=None, choices=list(SCENARIOS), help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)

@@ -1,9 +1,9 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-r"""Training curves of RPGTrainer / GRPOTrainer runs, and the ``rpg-trl plot`` command.
+r"""The ``rpg-trl plot`` command: training curves of RPGTrainer / GRPOTrainer runs.
 
 Any [`~transformers.Trainer`] run that saved its state has its logged metrics in ``trainer_state.json`` (key
 ``log_history``): in the run's ``output_dir`` (written by ``trainer.save_state()``) or in each ``checkpoint-*/``
-folder. [`plot_runs`] overlays several runs on a grid of panels against the optimizer step, one colour per run, in
+folder ([`rpg_trl.toy.curves.load_log_history`]). [`plot_runs`] overlays several runs on a grid of panels against the optimizer step, one colour per run, in
 the style of Figure 4 of the paper (reward, entropy, response length, ...). The metric names are TRL's
 (``reward``, ``entropy``, ``kl``, ``clip_ratio/*``, ``completions/mean_length``); RPGTrainer logs the same names, so
 RPG and GRPO/DAPO runs compare directly (``kl`` is measured against each trainer's anchor: GRPO's reference model, or
@@ -17,13 +17,11 @@ rpg-trl plot runs/grpo runs/rpg-reinforce-urkl -o curves.png
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
 
-
-TRAINER_STATE_NAME = "trainer_state.json"
+from ..toy.curves import load_log_history, metric_series, smooth
 
 
 @dataclass(frozen=True)
@@ -53,66 +51,6 @@ PANELS = (
     Panel("Response length (tokens)", ("completions/mean_length",)),
 )
 _LINESTYLES = ("-", "--", ":")
-
-
-def find_trainer_state(run_dir: str) -> str:
-    """
-    Path of the ``trainer_state.json`` of the run in `run_dir`: the one in `run_dir` itself, else the one in its
-    latest ``checkpoint-<step>/`` folder.
-
-    Raises:
-        FileNotFoundError: when `run_dir` does not exist or holds no trainer state, with what to pass instead.
-    """
-    from transformers.trainer_utils import get_last_checkpoint
-
-    if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"Run directory {run_dir!r} does not exist.")
-    path = os.path.join(run_dir, TRAINER_STATE_NAME)
-    if os.path.isfile(path):
-        return path
-    checkpoint = get_last_checkpoint(run_dir)
-    if checkpoint is not None and os.path.isfile(os.path.join(checkpoint, TRAINER_STATE_NAME)):
-        return os.path.join(checkpoint, TRAINER_STATE_NAME)
-    raise FileNotFoundError(
-        f"No {TRAINER_STATE_NAME} in {run_dir!r} nor in a checkpoint-*/ folder inside it. Pass the `output_dir` of a "
-        "Trainer run that saved its state (`trainer.save_state()` after training, or `save_strategy` other than "
-        "'no' for checkpoints)."
-    )
-
-
-def load_log_history(run_dir: str) -> list[dict]:
-    """The ``log_history`` of the run in `run_dir` (see [`find_trainer_state`])."""
-    path = find_trainer_state(run_dir)
-    with open(path) as f:
-        state = json.load(f)
-    history = state.get("log_history")
-    if not isinstance(history, list):
-        raise TypeError(f"{path!r} has no `log_history` list; is it a transformers TrainerState file?")
-    return history
-
-
-def metric_series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """Steps and finite values of metric `key` in a `log_history` (entries without it are skipped)."""
-    steps, values = [], []
-    for entry in history:
-        value = entry.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            steps.append(int(entry.get("step", len(steps))))
-            values.append(float(value))
-    return steps, values
-
-
-def smooth(values: list[float], weight: float) -> list[float]:
-    """Exponential moving average with bias correction (TensorBoard's smoothing); `weight=0` returns `values`."""
-    if not 0.0 <= weight < 1.0:
-        raise ValueError(f"`weight` (smoothing) must be in [0, 1); got {weight!r}.")
-    if weight == 0.0:
-        return list(values)
-    out, average = [], 0.0
-    for i, value in enumerate(values, start=1):
-        average = weight * average + (1.0 - weight) * value
-        out.append(average / (1.0 - weight**i))
-    return out
 
 
 def run_names(run_dirs: list[str]) -> list[str]:

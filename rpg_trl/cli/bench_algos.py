@@ -2,7 +2,7 @@
 r"""The ``rpg-trl bench-algos`` command: the paper's Table 3 in miniature, on the demo's task.
 
 Eight algorithms train the same warm-started model (one supervised warm start per seed, shared by all of them, see
-[`rpg_trl.demo`]) with the same budget: the same prompts, batch (16 prompts × 8 samples per optimizer step, four
+[`rpg_trl.toy.warm_start`]) with the same budget: the same prompts, batch (16 prompts × 8 samples per optimizer step, four
 optimizer steps per generation batch), optimizer, learning rate and number of steps.
 
 ============================  ==========================================================================================
@@ -48,6 +48,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..toy.curves import mean_std
+
 
 #: Algorithm name -> (trainer, configuration overrides). "grpo" runs TRL's GRPOTrainer, "rpg" runs RPGTrainer, "rfpp"
 #: runs `rpg_trl.baselines.ReinforcePlusPlusTrainer`.
@@ -85,8 +87,6 @@ PRESETS = {
     },
     "quick": {"seeds": [0], "steps": 8, "sft_steps": 100, "sft_extra_rounds": 0, "eval_every": 4, "eval_problems": 64},
 }
-#: Window (in generation batches) of the moving average of the reward before measuring its largest drop.
-REWARD_WINDOW = 5
 
 
 @dataclass
@@ -147,68 +147,16 @@ class BenchAlgosArguments:
             raise ValueError(f"`learning_rate` must be a positive number; got {self.learning_rate!r}.")
 
 
-def max_drawdown(values: list[float]) -> float:
-    """Largest fall of `values` below their running maximum (0 for a non-decreasing sequence)."""
-    peak, drop = -math.inf, 0.0
-    for value in values:
-        peak = max(peak, value)
-        drop = max(drop, peak - value)
-    return drop
-
-
-def moving_average(values: list[float], window: int) -> list[float]:
-    """Trailing moving average (the first points average what is available)."""
-    out = []
-    for i in range(len(values)):
-        chunk = values[max(0, i - window + 1) : i + 1]
-        out.append(sum(chunk) / len(chunk))
-    return out
-
-
-def _mean_std(values: list[float]) -> tuple[float, float]:
-    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def _config(kind: str, output_dir: str, args: BenchAlgosArguments, seed: int, overrides: dict):
     from trl import GRPOConfig
 
-    from .baselines import ReinforcePlusPlusConfig
-    from .config import RPGConfig
-    from .demo import rl_training_kwargs
+    from ..baselines import ReinforcePlusPlusConfig
+    from ..config import RPGConfig
+    from ..toy.training import rl_training_kwargs
 
     kwargs = rl_training_kwargs(steps=args.steps, seed=seed, learning_rate=args.learning_rate)
     config_class = {"rpg": RPGConfig, "grpo": GRPOConfig, "rfpp": ReinforcePlusPlusConfig}[kind]
     return config_class(output_dir=output_dir, **kwargs, **overrides)
-
-
-def _warm_start(args: BenchAlgosArguments, seed: int, splits, directory: Path) -> dict:
-    """
-    Train the warm start of `seed` into `directory`, or reuse the one there if it was trained with the same settings
-    (``warm_start.json``); return its report (`steps`, `rounds`, `check_accuracy`).
-    """
-    from .demo import DEMO_MODEL_KWARGS, SFT_EASY_FRACTION, SFT_LABEL_NOISE, WARM_START_MIN_ACCURACY, warm_start
-
-    marker = directory / "warm_start.json"
-    settings = {
-        "seed": seed,
-        "sft_steps": args.sft_steps,
-        "sft_extra_rounds": args.sft_extra_rounds,
-        "model": DEMO_MODEL_KWARGS,
-        "min_accuracy": WARM_START_MIN_ACCURACY,
-        "label_noise": SFT_LABEL_NOISE,
-        "easy_fraction": SFT_EASY_FRACTION,
-    }
-    if marker.is_file():
-        saved = json.loads(marker.read_text())
-        if saved.get("settings") == settings:
-            print(f"Reusing the warm start in {directory}")
-            return saved["report"]
-    print(f"Warm start of seed {seed}: {args.sft_steps} supervised steps")
-    _, _, report = warm_start(
-        splits, str(directory), steps=args.sft_steps, seed=seed, extra_rounds=args.sft_extra_rounds
-    )
-    marker.write_text(json.dumps({"settings": settings, "report": asdict(report)}, indent=2) + "\n")
-    return asdict(report)
 
 
 def run_one(args: BenchAlgosArguments, algorithm: str, seed: int, splits, sft_dir: str, run_dir: Path) -> dict:
@@ -216,16 +164,12 @@ def run_one(args: BenchAlgosArguments, algorithm: str, seed: int, splits, sft_di
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from .baselines import ReinforcePlusPlusTrainer
-    from .demo import (
-        addition_reward,
-        build_rl_dataset,
-        evaluation_seed,
-        heldout_accuracy_callback,
-        use_terse_progress,
-    )
-    from .plotting import metric_series
-    from .trainer import RPGTrainer
+    from ..baselines import ReinforcePlusPlusTrainer
+    from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed
+    from ..toy.curves import REWARD_WINDOW, max_drawdown, metric_series, moving_average
+    from ..toy.evaluation import heldout_accuracy_callback
+    from ..toy.training import use_terse_progress
+    from ..trainer import RPGTrainer
 
     kind, overrides = ALGORITHMS[algorithm]
     model = AutoModelForCausalLM.from_pretrained(sft_dir)
@@ -271,7 +215,7 @@ def aggregate(results: list[dict], algorithms: list[str]) -> list[dict]:
             continue
         row = {"algorithm": algorithm, "seeds": len(runs)}
         for key in ("last", "gain", "best", "max_reward_drop", "seconds"):
-            row[key], row[key + "_std"] = _mean_std([r[key] for r in runs])
+            row[key], row[key + "_std"] = mean_std([r[key] for r in runs])
         rows.append(row)
     return rows
 
@@ -316,7 +260,7 @@ def plot_results(results: list[dict], run_dirs: dict, output: str, algorithms: l
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .plotting import load_log_history, metric_series
+    from ..toy.curves import REWARD_WINDOW, load_log_history, metric_series, moving_average
 
     fig, (ax_acc, ax_reward, ax_entropy) = plt.subplots(1, 3, figsize=(15, 4))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -360,7 +304,7 @@ def plot_results(results: list[dict], run_dirs: dict, output: str, algorithms: l
 
 def run_bench(args: BenchAlgosArguments) -> dict:
     """Run every (seed, algorithm) pair, then write ``table.md``, ``results.json`` and ``bench_algos.png``."""
-    from .demo import cpu_session
+    from ..toy.training import cpu_session
 
     with cpu_session(args.num_threads):
         return _run_bench(args)
@@ -368,7 +312,8 @@ def run_bench(args: BenchAlgosArguments) -> dict:
 
 def _run_bench(args: BenchAlgosArguments) -> dict:
     start = time.perf_counter()
-    from .demo import make_splits
+    from ..toy.addition import make_splits
+    from ..toy.warm_start import cached_warm_start
 
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -376,7 +321,9 @@ def _run_bench(args: BenchAlgosArguments) -> dict:
     for seed in args.seeds:
         splits = make_splits(seed, num_eval=args.eval_problems)
         sft_dir = output_dir / f"seed{seed}" / "sft"
-        warm_starts[seed] = _warm_start(args, seed, splits, sft_dir)
+        warm_starts[seed] = cached_warm_start(
+            splits, sft_dir, steps=args.sft_steps, seed=seed, extra_rounds=args.sft_extra_rounds
+        )
         for algorithm in args.algorithms:
             run_dir = output_dir / f"seed{seed}" / algorithm
             print(f"[seed {seed}] {algorithm}: {args.steps} steps")
@@ -422,14 +369,9 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     """Execute ``rpg-trl bench-algos`` with the parsed command-line `args`."""
-    from .cli import CommandError
+    from . import dataclass_arguments
 
-    try:
-        bench_args = BenchAlgosArguments(
-            **{name: getattr(args, name) for name in BenchAlgosArguments.__dataclass_fields__}
-        )
-    except ValueError as exc:
-        raise CommandError(str(exc)) from exc
+    bench_args = dataclass_arguments(args, BenchAlgosArguments)
     report = run_bench(bench_args)
     print()
     print((Path(bench_args.output_dir) / "table.md").read_text())

@@ -1,7 +1,10 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-r"""The ``rpg-trl`` command line (console script declared in ``setup.cfg``).
+r"""The ``rpg-trl`` command line (console script declared in ``setup.cfg``; also ``python -m rpg_trl.cli``).
 
-Each subcommand lives in its own module, which registers itself with two functions:
+The command line is tooling around the library, not part of it: the commands train on the offline toy task of
+[`rpg_trl.toy`] and call the library (`rpg_trl`); no library module imports `rpg_trl.cli`.
+
+Each subcommand lives in its own module of this package, which registers itself with two functions:
 
 ```python
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -33,18 +36,26 @@ from collections.abc import Sequence
 
 #: Subcommand modules of rpg_trl, in the order of ``rpg-trl --help``.
 SUBCOMMAND_MODULES = (
-    "rpg_trl.demo",
-    "rpg_trl.plotting",
-    "rpg_trl.bench_algos",
-    "rpg_trl.bench_optimum",
-    "rpg_trl.bench_async",
+    "rpg_trl.cli.demo",
+    "rpg_trl.cli.plot",
+    "rpg_trl.cli.bench_algos",
+    "rpg_trl.cli.bench_optimum",
+    "rpg_trl.cli.bench_async",
 )
 #: Subcommand modules registered only when present and importable.
-OPTIONAL_SUBCOMMAND_MODULES = ("rpg_trl.bench_speed",)
+OPTIONAL_SUBCOMMAND_MODULES = ("rpg_trl.cli.bench_speed",)
 
 
 class CommandError(Exception):
     """An error the user can fix (bad path, bad value): ``rpg-trl`` prints it without a traceback and exits with 2."""
+
+
+def dataclass_arguments(args: argparse.Namespace, dataclass_type):
+    """The subcommand's arguments dataclass built from the parsed `args`; its `ValueError`s become [`CommandError`]s."""
+    try:
+        return dataclass_type(**{name: getattr(args, name) for name in dataclass_type.__dataclass_fields__})
+    except ValueError as exc:
+        raise CommandError(str(exc)) from exc
 
 
 def _load_optional(name: str):
@@ -65,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``rpg-trl`` parser with every available subcommand registered."""
     from trl import TrlParser
 
-    from . import __version__
+    from .. import __version__
 
     parser = TrlParser(
         prog="rpg-trl",
@@ -104,7 +115,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rpg-trl {args.command}: error: {exc}", file=sys.stderr)
         return 2
     return status if isinstance(status, int) and not isinstance(status, bool) else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

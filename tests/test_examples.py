@@ -41,7 +41,7 @@ TIMEOUT = 240
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """A tiny Qwen3 whose character tokenizer covers the paper's prompt, and tiny train/eval JSONL files."""
-    from rpg_trl.tiny import build_char_tokenizer, save_tiny_model
+    from rpg_trl.toy import build_char_tokenizer, save_tiny_model
 
     root = tmp_path_factory.mktemp("math")
     tokenizer = build_char_tokenizer(string.printable)

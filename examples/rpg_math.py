@@ -32,10 +32,11 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.baselines import BASELINE_NAMES, ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
+from rpg_trl.config import DynamicSamplingArguments
 from rpg_trl.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
 from rpg_trl.dynamic_sampling import DynamicSamplingMixin
 from rpg_trl.losses import PAPER_NAMES
-from rpg_trl.reliability.teardown import hold_process_group_until_exit
+from rpg_trl.reliability import ReliabilityMixin
 from rpg_trl.rewards import accuracy_reward, format_reward, get_soft_overlong_punishment
 
 from eval_math import load_eval_sets  # the sibling script: benchmarks by name ('aime24', ...) or files
@@ -49,7 +50,8 @@ ALGORITHMS = ("rpg", "grpo", "dapo", "rfpp", "rfppb")
 #: (0.2, 0.2) (verl's default, which the paper's runs used), β·k1 to the frozen initial model in the reward (β from
 #: the config, 1e-4 in the recipes); their advantage is set by `REINFORCE_PLUS_PLUS`. Edit here to run other baselines.
 BASELINES = {
-    "grpo": dict(loss_type="grpo", epsilon=0.1, epsilon_high=0.1, scale_rewards="group"),
+    # GRPO as the paper ran it (verl's k3 KL loss): the k3 penalty without the importance weight.
+    "grpo": dict(loss_type="grpo", epsilon=0.1, epsilon_high=0.1, scale_rewards="group", use_bias_correction_kl=False),
     "dapo": dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.28, scale_rewards="group", beta=0.0),
     "rfpp": dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
     "rfppb": dict(loss_type="dapo", epsilon=0.2, epsilon_high=0.2),
@@ -111,18 +113,13 @@ class MathScriptArguments:
 
 
 @dataclass
-class BaselineConfig(GRPOConfig):
-    """TRL's GRPOConfig plus RPGConfig's dynamic-sampling fields, read by `DynamicSamplingMixin` (filled from the
-    parsed RPGConfig by `baseline_config`, never parsed itself)."""
+class BaselineConfig(DynamicSamplingArguments, GRPOConfig):
+    """TRL's GRPOConfig plus the dynamic-sampling fields that RPGConfig declares (one declaration, shared), read by
+    `DynamicSamplingMixin` (filled from the parsed RPGConfig by `baseline_config`, never parsed itself)."""
 
-    dynamic_sampling: bool = False
-    dynamic_sampling_max_rounds: int = 20
-    dynamic_sampling_metric: str | None = None
-
-
-@dataclass
-class ReinforcePlusPlusBaselineConfig(BaselineConfig, ReinforcePlusPlusConfig):
-    """`ReinforcePlusPlusConfig` plus the dynamic-sampling fields (filled by `baseline_config`, never parsed itself)."""
+    def __post_init__(self):
+        super().__post_init__()
+        self.check_dynamic_sampling_arguments()
 
 
 class PerBenchmarkEvalMetrics:
@@ -148,9 +145,10 @@ class MathRPGTrainer(PerBenchmarkEvalMetrics, RPGTrainer):
     """RPGTrainer with per-benchmark evaluation metrics."""
 
 
-class BaselineTrainer(PerBenchmarkEvalMetrics, DynamicSamplingMixin, GRPOTrainer):
-    """TRL's GRPOTrainer, unchanged loss, with DAPO dynamic sampling (`rpg_trl.dynamic_sampling`) and per-benchmark
-    evaluation metrics."""
+class BaselineTrainer(PerBenchmarkEvalMetrics, ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
+    """TRL's GRPOTrainer, unchanged loss, with what RPGTrainer adds around its loss (reward guard, exact resume,
+    checks: `rpg_trl.reliability`; DAPO dynamic sampling: `rpg_trl.dynamic_sampling`), so that the baselines differ from
+    RPG in the loss only, and per-benchmark evaluation metrics."""
 
 
 class ReinforcePlusPlusBaselineTrainer(PerBenchmarkEvalMetrics, ReinforcePlusPlusTrainer):
@@ -158,7 +156,7 @@ class ReinforcePlusPlusBaselineTrainer(PerBenchmarkEvalMetrics, ReinforcePlusPlu
     evaluation metrics."""
 
 
-def baseline_config(args: RPGConfig, algorithm: str) -> BaselineConfig | ReinforcePlusPlusBaselineConfig:
+def baseline_config(args: RPGConfig, algorithm: str) -> BaselineConfig | ReinforcePlusPlusConfig:
     """The RPGConfig's shared settings (batch, optimizer, schedule, generation, logging) with the baseline's loss."""
     preset = BASELINES[algorithm]
     ignored = {key: getattr(args, key) for key, value in preset.items() if getattr(args, key) != value}
@@ -168,7 +166,7 @@ def baseline_config(args: RPGConfig, algorithm: str) -> BaselineConfig | Reinfor
             "or command line are not used (edit BASELINES in this script to change them).",
             stacklevel=2,
         )
-    config_class = ReinforcePlusPlusBaselineConfig if algorithm in REINFORCE_PLUS_PLUS else BaselineConfig
+    config_class = ReinforcePlusPlusConfig if algorithm in REINFORCE_PLUS_PLUS else BaselineConfig
     values = {f.name: getattr(args, f.name) for f in fields(config_class) if f.init and hasattr(args, f.name)}
     values["generation_batch_size"] = None  # derived again from steps_per_generation
     values.update(preset)
@@ -231,7 +229,6 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
         eval_dataset=eval_dataset,
         peft_config=peft_config,
     )
-    hold_process_group_until_exit()  # gloo (CPU) runs: exit without a teardown deadlock; RPGTrainer does it too
     trainer.accelerator.print(
         f"Training {name} on {len(train_dataset)} problems with {trainer.accelerator.num_processes} process(es), "
         f"rewards {[f.__name__ for f in reward_funcs]}, dynamic sampling {'on' if args.dynamic_sampling else 'off'}."

@@ -30,6 +30,10 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
+from .config import DynamicSamplingArguments
+from .dynamic_sampling import DynamicSamplingMixin, generate_with_dynamic_sampling
+from .reliability import ReliabilityMixin
+
 
 ADVANTAGE_ESTIMATORS = ("reinforce_plus_plus", "reinforce_plus_plus_baseline")
 KL_PENALTIES = ("reward", "loss")
@@ -142,14 +146,15 @@ def outcome_scores(rewards: torch.Tensor, num_generations: int, estimator: str) 
 
 
 @dataclass
-class ReinforcePlusPlusConfig(GRPOConfig):
+class ReinforcePlusPlusConfig(DynamicSamplingArguments, GRPOConfig):
     r"""
     Configuration class for the [`ReinforcePlusPlusTrainer`].
 
     [`ReinforcePlusPlusConfig`] inherits every parameter of [`trl.GRPOConfig`] (the PPO-clipped loss, `loss_type`,
     `epsilon`, ...) and chooses the advantage of REINFORCE++ ([REINFORCE++: A Simple and Efficient Approach for Aligning
     Large Language Models](https://huggingface.co/papers/2501.03262), Hu 2025), one of the baselines of the RPG paper
-    (Tables 5 and 6). `scale_rewards` is not used: the advantages are whitened over the batch instead.
+    (Tables 5 and 6). `scale_rewards` is not used: the advantages are whitened over the batch instead. DAPO dynamic
+    sampling is available through [`~rpg_trl.config.DynamicSamplingArguments`]'s fields, as in [`~rpg_trl.RPGConfig`].
 
     Parameters:
         advantage_estimator (`str`, *optional*, defaults to `"reinforce_plus_plus"`):
@@ -220,9 +225,10 @@ class ReinforcePlusPlusConfig(GRPOConfig):
                 f"'sum_then_normalize', got {self.multi_objective_aggregation!r}."
             )
         super().__post_init__()
+        self.check_dynamic_sampling_arguments()
 
 
-class ReinforcePlusPlusTrainer(GRPOTrainer):
+class ReinforcePlusPlusTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
     """
     Trainer for REINFORCE++ and REINFORCE++-Baseline (Hu, 2025), the RPG paper's REINFORCE++ baselines.
 
@@ -230,8 +236,10 @@ class ReinforcePlusPlusTrainer(GRPOTrainer):
     ([`reinforce_plus_plus_advantages`]) instead of group-normalised rewards, with the KL to the reference in the
     reward (`kl_penalty="reward"`) rather than in the loss. The loss is TRL's (`loss_type`, PPO clip).
 
-    DAPO dynamic sampling ([`rpg_trl.dynamic_sampling`]) runs when `args` has `dynamic_sampling=True`; the advantages
-    are then whitened over the final batch, after the groups are chosen.
+    The class line shows the parts it shares with [`~rpg_trl.RPGTrainer`]: the reward guard, exact resume and checks
+    ([`~rpg_trl.reliability.ReliabilityMixin`]) and DAPO dynamic sampling
+    ([`~rpg_trl.dynamic_sampling.DynamicSamplingMixin`]); with dynamic sampling the advantages are whitened over the
+    final batch, after the groups are chosen.
     """
 
     _tag_names = ["trl", "reinforce++"]
@@ -260,15 +268,9 @@ class ReinforcePlusPlusTrainer(GRPOTrainer):
         # batch with it, but its β·k3 loss term is switched off in `_compute_loss`.
         self.kl_in_reward = args.kl_penalty == "reward" and args.beta != 0.0
 
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-        rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._dynamic_sampling_rewards = rewards_per_func  # gathered over processes; read by dynamic sampling
-        return rewards_per_func
-
     def _generate_and_score_completions(self, inputs):
-        if getattr(self.args, "dynamic_sampling", False) and self.model.training:
-            from .dynamic_sampling import generate_with_dynamic_sampling
-
+        # Replaces DynamicSamplingMixin's override: the groups are chosen round by round, then whitened together.
+        if self.args.dynamic_sampling and self.model.training:
             batch = generate_with_dynamic_sampling(self, self._score_round, inputs)
         else:
             batch = self._score_round(inputs)
@@ -292,8 +294,8 @@ class ReinforcePlusPlusTrainer(GRPOTrainer):
         return batch
 
     def _score_round(self, inputs):
-        """One generation round of the parent, plus each completion's score (step 1) and per-token k1 KL."""
-        batch = super()._generate_and_score_completions(inputs)
+        """One generation round of GRPOTrainer, plus each completion's score (step 1) and per-token k1 KL."""
+        batch = GRPOTrainer._generate_and_score_completions(self, inputs)
         rewards_per_func = self._dynamic_sampling_rewards  # (all processes' completions, reward functions)
         rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
         rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable: left out, score 0, as in TRL

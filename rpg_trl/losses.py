@@ -121,8 +121,9 @@ KL_TERMS: dict[str, KLTerm] = {
 
 
 def uncorrected_k3(log_w: torch.Tensor, log_r: torch.Tensor) -> torch.Tensor:
-    """GRPO's k3 penalty ``π_ref/π_θ − log(π_ref/π_θ) − 1`` without the importance weight (Sec. 2.2: biased once
-    ``π_old ≠ π_θ``). Its derivative w.r.t. ``log π_θ`` is ``1 − π_ref/π_θ``."""
+    """GRPO's k3 penalty ``π_ref/π_θ − log(π_ref/π_θ) − 1`` without the importance weight (Sec. 2.2). Its derivative
+    w.r.t. ``log π_θ`` is ``1 − π_ref/π_θ``, whose expectation under π_θ is the gradient of the forward
+    KL(π_ref‖π_θ), not of the reverse KL that its value estimates."""
     log_inv_rho = log_r - log_w
     return torch.exp(log_inv_rho) - log_inv_rho - 1.0
 
@@ -507,8 +508,9 @@ def rpg_loss(
             holds for token-level weights only.
         kl_importance_weight (`bool`, defaults to `True`): ``False`` replaces the KL term by GRPO's *uncorrected*
             k3 penalty ``β·k3(π_ref/π_θ)`` without the importance weight ``w``: the biased baseline of the paper's
-            KL-weighting ablation (Sec. 2.2), only valid with ``divergence="urkl"``. On-policy it has the same value
-            as the corrected term; off-policy its gradient is not that of any regularised objective.
+            KL-weighting ablation (Sec. 2.2), only valid with ``divergence="urkl"``. Its value estimates the reverse
+            KL, but its expected gradient is that of the forward KL(π_ref‖π_θ), on-policy too: per sample
+            ``∇k3 = (1 − π_ref/π_θ)·∇log π_θ``, whose mean under π_θ is ``−Σ π_ref·∇log π_θ`` (docs/bench_optimum.md).
         num_items (`float` or `torch.Tensor`, *optional*): token-mean normaliser to use instead of ``mask.sum()``.
         max_length (`int`, *optional*): the length ``L`` of ``"seq-mean-token-sum-norm"`` (``Σ/(B·L)``); defaults to
             ``T``, the padded length of ``logps``.

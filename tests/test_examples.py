@@ -209,6 +209,21 @@ def test_rpg_math_two_processes(assets):
     assert (output_dir / "model.safetensors").is_file()
 
 
+def test_baselines_share_everything_but_the_loss_with_rpg():
+    """RPG and every baseline of the script have the same parts around the loss (the mixins in their class lines)."""
+    from rpg_trl.dynamic_sampling import DynamicSamplingMixin
+    from rpg_trl.reliability import ReliabilityMixin
+
+    for trainer in (rpg_math.MathRPGTrainer, rpg_math.BaselineTrainer, rpg_math.ReinforcePlusPlusBaselineTrainer):
+        assert issubclass(trainer, ReliabilityMixin) and issubclass(trainer, DynamicSamplingMixin), trainer
+    for config in (rpg_math.RPGConfig, rpg_math.BaselineConfig, rpg_math.ReinforcePlusPlusConfig):
+        assert {"dynamic_sampling", "dynamic_sampling_max_rounds", "dynamic_sampling_metric"} <= set(
+            config.__dataclass_fields__
+        )
+    with pytest.raises(ValueError, match="dynamic_sampling_max_rounds"):
+        rpg_math.BaselineConfig(output_dir="unused", use_cpu=True, report_to="none", dynamic_sampling_max_rounds=0)
+
+
 @pytest.mark.parametrize("algorithm, loss_type", [("grpo", "grpo"), ("dapo", "dapo")])
 def test_baselines_train_with_trl_losses(assets, tmp_path, algorithm, loss_type):
     parser = rpg_math.make_parser()

@@ -9,8 +9,8 @@ optimizer steps per generation batch), optimizer, learning rate and number of st
 method                        configuration
 ============================  ==========================================================================================
 GRPO                          TRL `GRPOTrainer`, `loss_type="grpo"`, clip ε = 0.2 (both sides), std-scaled group
-                              advantages, k3 KL to the initial policy with β = 1e-4 (multiplied by the importance
-                              weight: TRL 1.16's default `use_bias_correction_kl=True`)
+                              advantages, k3 KL to the initial policy with β = 1e-4 without the importance weight
+                              (`use_bias_correction_kl=False`: GRPO as the paper ran it, verl's k3 KL loss)
 DAPO                          TRL `GRPOTrainer`, `loss_type="dapo"` (token-mean), clip-higher ε = (0.2, 0.28),
                               std-scaled group advantages, no KL
 RPG-UFKL / RPG-URKL           `RPGTrainer`, `estimator="differentiable"`, `divergence="ufkl"` / `"urkl"`
@@ -56,7 +56,14 @@ from ..toy.curves import mean_std
 ALGORITHMS = {
     "GRPO": (
         "grpo",
-        {"loss_type": "grpo", "epsilon": 0.2, "epsilon_high": 0.2, "scale_rewards": "group", "beta": 1e-4},
+        {
+            "loss_type": "grpo",
+            "epsilon": 0.2,
+            "epsilon_high": 0.2,
+            "scale_rewards": "group",
+            "beta": 1e-4,
+            "use_bias_correction_kl": False,
+        },
     ),
     "DAPO": (
         "grpo",
@@ -127,9 +134,9 @@ class BenchAlgosArguments:
     num_threads: int = field(default=1, metadata={"help": "Torch CPU threads (see `rpg-trl demo`)."})
 
     def __post_init__(self):
-        for key, value in PRESETS["quick" if self.quick else "full"].items():
-            if getattr(self, key) is None:
-                setattr(self, key, list(value) if isinstance(value, list) else value)
+        from . import apply_preset, check_arguments
+
+        apply_preset(self, PRESETS, self.quick)
         if self.algorithms is None:
             self.algorithms = list(ALGORITHMS)
         unknown = [a for a in self.algorithms if a not in ALGORITHMS]
@@ -137,14 +144,12 @@ class BenchAlgosArguments:
             raise ValueError(f"Unknown algorithm(s) {unknown}; choose among {list(ALGORITHMS)}.")
         if not self.seeds:
             raise ValueError(f"`seeds` must list at least one seed; got {self.seeds!r}.")
-        for name in ("steps", "eval_every", "eval_problems", "eval_samples", "num_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` must be >= 1; got {getattr(self, name)!r}.")
-        for name in ("sft_steps", "sft_extra_rounds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"`{name}` must be >= 0; got {getattr(self, name)!r}.")
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise ValueError(f"`learning_rate` must be a positive number; got {self.learning_rate!r}.")
+        check_arguments(
+            self,
+            at_least_one=("steps", "eval_every", "eval_problems", "eval_samples", "num_threads"),
+            at_least_zero=("sft_steps", "sft_extra_rounds"),
+            positive=("learning_rate",),
+        )
 
 
 def _config(kind: str, output_dir: str, args: BenchAlgosArguments, seed: int, overrides: dict):

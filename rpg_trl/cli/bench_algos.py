@@ -42,7 +42,6 @@ Outputs in ``--output_dir``: ``table.md``, ``results.json``, ``bench_algos.png``
 from __future__ import annotations
 
 import json
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -374,14 +373,11 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     """Execute ``rpg-trl bench-algos`` with the parsed command-line `args`."""
-    from . import dataclass_arguments
+    from . import dataclass_arguments, print_report
 
     bench_args = dataclass_arguments(args, BenchAlgosArguments)
     report = run_bench(bench_args)
-    print()
-    print((Path(bench_args.output_dir) / "table.md").read_text())
-    print(
-        f"Total time {report['seconds']:.0f} s. Wrote {bench_args.output_dir}/table.md, results.json and "
-        "bench_algos.png"
+    print_report(
+        bench_args.output_dir, report["seconds"], f"{bench_args.output_dir}/table.md, results.json and bench_algos.png"
     )
     return 0

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import math
 import sys
 from collections.abc import Sequence
 
@@ -56,6 +57,36 @@ def dataclass_arguments(args: argparse.Namespace, dataclass_type):
         return dataclass_type(**{name: getattr(args, name) for name in dataclass_type.__dataclass_fields__})
     except ValueError as exc:
         raise CommandError(str(exc)) from exc
+
+
+def check_arguments(args, *, at_least_one=(), at_least_zero=(), positive=()) -> None:
+    """Raise a `ValueError` naming the first field of `args` out of range: the fields `at_least_one` and
+    `at_least_zero` must be integers >= 1 and >= 0, the fields `positive` finite numbers > 0."""
+    for names, minimum in ((at_least_one, 1), (at_least_zero, 0)):
+        for name in names:
+            value = getattr(args, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"`{name}` must be an integer >= {minimum}; got {value!r}.")
+    for name in positive:
+        value = getattr(args, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"`{name}` must be a positive number; got {value!r}.")
+
+
+def apply_preset(args, presets: dict, quick: bool) -> None:
+    """Give the fields of `args` left unset (None) their value in ``presets["quick"]`` or ``presets["full"]``."""
+    for key, value in presets["quick" if quick else "full"].items():
+        if getattr(args, key) is None:
+            setattr(args, key, list(value) if isinstance(value, list) else value)
+
+
+def print_report(output_dir: str, seconds: float, written: str) -> None:
+    """The end of a benchmark command: its ``table.md`` (from `output_dir`), the total time and what it wrote."""
+    from pathlib import Path
+
+    print()
+    print((Path(output_dir) / "table.md").read_text())
+    print(f"Total time {seconds:.0f} s. Wrote {written}")
 
 
 def _load_optional(name: str):

@@ -110,9 +110,9 @@ class BenchAsyncArguments:
     )
 
     def __post_init__(self):
-        for key, value in PRESETS["quick" if self.quick else "full"].items():
-            if getattr(self, key) is None:
-                setattr(self, key, list(value) if isinstance(value, list) else value)
+        from . import apply_preset, check_arguments
+
+        apply_preset(self, PRESETS, self.quick)
         if self.methods is None:
             self.methods = list(DEFAULT_METHODS)
         unknown = [m for m in self.methods if m not in METHODS]
@@ -122,14 +122,12 @@ class BenchAsyncArguments:
             raise ValueError(f"`seeds` must list at least one seed; got {self.seeds!r}.")
         if not self.lags or any(isinstance(lag, bool) or not isinstance(lag, int) or lag < 1 for lag in self.lags):
             raise ValueError(f"`lags` must list integers >= 1 (policy versions of lag); got {self.lags!r}.")
-        for name in ("steps", "eval_every", "eval_problems", "eval_samples", "num_threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"`{name}` must be >= 1; got {getattr(self, name)!r}.")
-        for name in ("sft_steps", "sft_extra_rounds"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"`{name}` must be >= 0; got {getattr(self, name)!r}.")
-        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            raise ValueError(f"`learning_rate` must be a positive number; got {self.learning_rate!r}.")
+        check_arguments(
+            self,
+            at_least_one=("steps", "eval_every", "eval_problems", "eval_samples", "num_threads"),
+            at_least_zero=("sft_steps", "sft_extra_rounds"),
+            positive=("learning_rate",),
+        )
 
 
 def _config(kind: str, output_dir: str, args: BenchAsyncArguments, seed: int, lag: int, overrides: dict):
@@ -402,13 +400,11 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     """Execute ``rpg-trl bench-async`` with the parsed command-line `args`."""
-    from . import dataclass_arguments
+    from . import dataclass_arguments, print_report
 
     bench_args = dataclass_arguments(args, BenchAsyncArguments)
     report = run_bench(bench_args)
-    print()
-    print((Path(bench_args.output_dir) / "table.md").read_text())
-    print(
-        f"Total time {report['seconds']:.0f} s. Wrote {bench_args.output_dir}/table.md, results.json and bench_async.png"
+    print_report(
+        bench_args.output_dir, report["seconds"], f"{bench_args.output_dir}/table.md, results.json and bench_async.png"
     )
     return 0

@@ -646,14 +646,13 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     """Execute ``rpg-trl bench-optimum`` with the parsed command-line `args`."""
-    from . import dataclass_arguments
+    from . import dataclass_arguments, print_report
 
     bench_args = dataclass_arguments(args, BenchOptimumArguments)
     report = run_bench(bench_args)
-    print()
-    print((Path(bench_args.output_dir) / "table.md").read_text())
-    print(
-        f"Total time {report['seconds']:.0f} s. Wrote {bench_args.output_dir}/table.md, bench_optimum.png and "
-        f"{report['output_json']}"
+    print_report(
+        bench_args.output_dir,
+        report["seconds"],
+        f"{bench_args.output_dir}/table.md, bench_optimum.png and {report['output_json']}",
     )
     return 0

@@ -34,7 +34,6 @@ rpg-trl demo --seed 1 --output_dir rpg_demo_seed1
 from __future__ import annotations
 
 import json
-import math
 import os
 import sys
 import time
@@ -139,23 +138,14 @@ class DemoArguments:
     )
 
     def __post_init__(self):
-        for name in (
-            "steps",
-            "sft_steps",
-            "sft_extra_rounds",
-            "eval_problems",
-            "eval_samples",
-            "eval_every",
-            "num_threads",
-        ):
-            value = getattr(self, name)
-            minimum = 0 if name in ("sft_steps", "sft_extra_rounds") else 1
-            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise ValueError(f"`{name}` must be an integer >= {minimum}; got {value!r}.")
-        if not (isinstance(self.learning_rate, (int, float)) and math.isfinite(self.learning_rate)) or (
-            self.learning_rate <= 0
-        ):
-            raise ValueError(f"`learning_rate` must be a positive number; got {self.learning_rate!r}.")
+        from . import check_arguments
+
+        check_arguments(
+            self,
+            at_least_one=("steps", "eval_problems", "eval_samples", "eval_every", "num_threads"),
+            at_least_zero=("sft_steps", "sft_extra_rounds"),
+            positive=("learning_rate",),
+        )
 
 
 def run_demo(args: DemoArguments) -> dict:

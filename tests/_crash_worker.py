@@ -1,4 +1,4 @@
-"""Training runs for the crash-and-resume tests of `tests/test_reliability.py`.
+"""Training runs for the crash-and-resume tests of `tests/test_guarantees.py`.
 
     python tests/_crash_worker.py MODEL_DIR OUTPUT_DIR SCENARIO --crash-at STEP [--threads N]
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import textwrap
 import time
 
 import torch
@@ -15,6 +14,7 @@ from trl.trainer.utils import add_fused_lm_head, create_model_from_path, nanmax,
 
 from ..losses import PAPER_NAMES, aggregate_loss, rpg_per_token_loss, summarize_stats
 from ..reliability.checks import ImportanceWeightMonitor
+from ..trainer import RPGTrainer
 from .config import AsyncRPGConfig
 
 
@@ -87,19 +87,7 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
 
     _tag_names = ["trl", "async-grpo", "rpg"]
     _name = "AsyncRPG"
-    _paper = {
-        "title": "On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning",
-        "id": "2505.17508",
-        # docstyle-ignore
-        "citation": textwrap.dedent("""\
-            @inproceedings{zhang2026design,
-                title        = {{On the Design of KL-Regularized Policy Gradient Algorithms for LLM Reasoning}},
-                author       = {Yifan Zhang and Yifeng Liu and Huizhuo Yuan and Quanquan Gu and Andrew Chi-Chih Yao},
-                booktitle    = {The Fourteenth International Conference on Learning Representations},
-                year         = 2026,
-                eprint       = {arXiv:2505.17508},
-            }"""),
-    }
+    _paper = RPGTrainer._paper  # the RPG paper's title, id and citation, declared once
 
     def __init__(self, model: str, reward_funcs=None, args: AsyncRPGConfig | None = None, **kwargs):
         if args is None:

@@ -37,6 +37,28 @@ def tiny_run_args(output_dir, **overrides) -> dict:
     return quiet_cpu_args(output_dir, **{**defaults, **overrides})
 
 
+def count_sevens(completions, **kwargs):
+    """An obvious reward: the fraction of '7' characters in an 8-character completion."""
+    return [c.count("7") / 8 for c in completions]
+
+
+def make_trainer(model_dir, tmp_path, trainer_cls=None, config_cls=None, reward=count_sevens, **overrides):
+    """A trainer (`RPGTrainer` by default, or e.g. TRL's `GRPOTrainer` with `GRPOConfig`) of a [`tiny_run_args`] run
+    on the tiny model in `model_dir`, with the [`PROMPTS`] and the character tokenizer."""
+    from rpg_trl import RPGConfig, RPGTrainer
+    from rpg_trl.toy import build_char_tokenizer
+
+    args = (config_cls or RPGConfig)(**tiny_run_args(tmp_path, **overrides))
+    return (trainer_cls or RPGTrainer)(
+        model_dir, reward, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
+    )
+
+
+def logged(trainer, key):
+    """Every logged value of `key`, in order."""
+    return [h[key] for h in trainer.state.log_history if key in h]
+
+
 def fixed_inputs(trainer, batch_size=8, completion_len=6, seed=0, spread=0.5):
     """A scored batch in the format `GRPOTrainer._compute_loss` receives, off-policy: π_old and π_ref are the
     current policy's log-probs shifted by independent uniform noise in [-spread, spread] (spread 0.2 keeps every

@@ -8,25 +8,9 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.toy import build_char_tokenizer
+from rpg_trl import RPGConfig
 
-from _tiny_runs import PROMPTS, fixed_inputs, loss_and_grad, tiny_run_args
-
-
-def count_sevens(completions, **kwargs):
-    return [c.count("7") / 8 for c in completions]
-
-
-def make_trainer(model_dir, tmp_path, trainer_cls=RPGTrainer, config_cls=RPGConfig, **overrides):
-    args = config_cls(**tiny_run_args(tmp_path, **overrides))
-    return trainer_cls(
-        model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
-    )
-
-
-def logged(trainer, key):
-    return [h[key] for h in trainer.state.log_history if key in h]
+from _tiny_runs import fixed_inputs, logged, loss_and_grad, make_trainer, tiny_run_args
 
 
 #: RPG settings whose loss is GRPO's PPO clip (+ TRL's bias-corrected k3 when beta > 0): the differentiable estimator,

@@ -10,21 +10,7 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_trl.toy import build_char_tokenizer
 
-from _tiny_runs import PROMPTS, fixed_inputs, loss_and_grad, tiny_run_args
-
-
-def count_sevens(completions, **kwargs):
-    """An obvious reward: the fraction of '7' characters in an 8-character completion."""
-    return [c.count("7") / 8 for c in completions]
-
-
-def make_trainer(model_dir, tmp_path, trainer_cls=RPGTrainer, config_cls=RPGConfig, reward=count_sevens, **overrides):
-    args = config_cls(**tiny_run_args(tmp_path, **overrides))
-    return trainer_cls(model_dir, reward, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer())
-
-
-def logged(trainer, key):
-    return [h[key] for h in trainer.state.log_history if key in h]
+from _tiny_runs import PROMPTS, count_sevens, fixed_inputs, logged, loss_and_grad, make_trainer, tiny_run_args
 
 
 @pytest.mark.parametrize("off_policy", [False, True], ids=["on-policy", "off-policy"])

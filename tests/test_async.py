@@ -160,7 +160,7 @@ def test_packed_loss_equals_rpg_loss_of_a_plain_forward(rpg_and_batch, tiny_mode
     """The packed, tree-attention loss (β = 0.3, clip on) equals `rpg_loss` on the padded batch of a plain SDPA
     forward of the same model, in value and gradient, for every divergence × estimator."""
     trainer, (samples, old, mask, batch) = rpg_and_batch
-    trainer.args.divergence, trainer.args.estimator = divergence, estimator
+    trainer.loss_spec = trainer.loss_spec.replace(divergence=divergence, estimator=estimator)
     trainer.model.zero_grad()
     loss = trainer.compute_loss(trainer.model, dict(batch))
     loss.backward()

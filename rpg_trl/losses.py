@@ -417,8 +417,10 @@ def kl_weights(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
 
     Token level: ``K(w, r)`` of the module table, at the clipped ``w̄`` when the clip is on (Remark F.2). Sequence level:
     the exact weight of the whole-completion divergence, ``K_t`` of the sequence table in ``docs/design.md``
-    (``−R≤t``, ``W≤t − R≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t' + W≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t'``), with the prefix ratio
-    ``W≤t`` clipped to ``[1 − ε_low, 1 + ε_high]`` when the clip is on. GRPO's uncorrected k3: ``1 − π_ref/π_θ``.
+    (``−R≤t``, ``W≤t − R≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t' + W≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t'``); when the clip is on,
+    the prefix ratios ``W≤t`` and the token ratios ``w_t`` inside ``log ρ_t = log w_t − log r_t`` are clipped to
+    ``[1 − ε_low, 1 + ε_high]`` (so that one-token completions get the token level's ``K(w̄, r)``). GRPO's
+    uncorrected k3: ``1 − π_ref/π_θ``.
     """
     term = spec.kl_term
     with torch.no_grad():
@@ -426,8 +428,10 @@ def kl_weights(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
             return term.weight(None, None, ratios.token_log_w, ratios.token_log_r)
         if spec.kl_level == "sequence":
             prefixes = ratios.prefixes()
-            log_W = _clip_log(prefixes.log_W, spec) if spec.clip else prefixes.log_W.detach()
-            log_rho = ratios.token_log_w - ratios.token_log_r
+            log_W, log_w = prefixes.log_W.detach(), ratios.token_log_w
+            if spec.clip:  # every ratio of π_θ to π_old in the weight, prefix and token, in the trust region
+                log_W, log_w = _clip_log(log_W, spec), _clip_log(log_w, spec)
+            log_rho = log_w - ratios.token_log_r
             return term.sequence_weight(torch.exp(log_W), torch.exp(prefixes.log_R), log_rho)
         log_w = _clip_log(ratios.log_w, spec) if spec.clip else ratios.log_w.detach()
         return term.weight(torch.exp(log_w), ratios.r, log_w, ratios.log_r)

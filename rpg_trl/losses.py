@@ -450,17 +450,15 @@ def token_kl(ratios: RatioTensors, divergence: str | RPGLossSpec, kl_importance_
 
 
 def sequence_kl(ratios: RatioTensors, spec: RPGLossSpec, mask: torch.Tensor) -> torch.Tensor:
-    """The estimate of the divergence between whole completions, one value per completion (B,), detached: the sum over
-    the completion's tokens of the sequence-level terms ``S_t`` (the logged ``kl/sequence``, with either `kl_level`).
-    For GRPO's uncorrected k3, the sum of its per-token values."""
-    term = spec.kl_term
+    """The estimate of the divergence between whole completions, one value per completion (B,), detached: the row's
+    per-token estimate ``S`` applied to the completion as a whole, at ``W = π_θ(y)/π_old(y)`` and
+    ``R = π_ref(y)/π_old(y)`` (the logged ``kl/sequence``, with either `kl_level`). Unbiased under π_old, and never
+    negative for the unnormalised divergences (``W·k3(R/W)`` for ``urkl``); on-policy with ``divergence="rkl"`` it is
+    the completion's ``Σ_t log ρ_t``."""
     with torch.no_grad():
-        log_w, log_r = ratios.token_log_w, ratios.token_log_r
-        if term.importance_weighted:
-            values = term.sequence_value(ratios.prefixes(), log_w, log_r)
-        else:
-            values = term.value(None, None, log_w, log_r)
-        return (values.detach() * mask).sum(-1)
+        log_W = (ratios.token_log_w * mask).sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_R = (ratios.token_log_r * mask).sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return spec.kl_term.value(torch.exp(log_W), torch.exp(log_R), log_W, log_R)
 
 
 # ============================================================================================== the estimators

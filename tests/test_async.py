@@ -62,6 +62,7 @@ def test_config_has_rpg_loss_fields_with_paper_defaults(tmp_path):
         ({"kl_anchor": "reference", "beta": 0.0}, "beta > 0"),
         ({"kl_anchor": "initial"}, "kl_anchor"),
         ({"kl_importance_weight": False, "divergence": "fkl"}, "kl_importance_weight"),
+        ({"kl_level": "sequence"}, "kl_level='sequence'` is not available with AsyncRPGTrainer"),
     ],
 )
 def test_config_refuses_bad_values(tmp_path, overrides, match):

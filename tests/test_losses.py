@@ -601,3 +601,18 @@ def test_token_level_gradient_is_not_the_sequence_divergence_gradient_off_policy
         (p_old * per_token.sum(-1)).sum().backward()
         grads.append(z.grad)
     assert (grads[0] - grads[1]).norm() > 0.05 * grads[1].norm()
+
+
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_sequence_kl_metric_is_the_estimate_at_whole_completion_ratios(divergence):
+    lp, old, ref, adv, mask = make_inputs(seed=14, spread=0.3, with_ref=True)
+    _, _, metrics = grad_of(lp, old, ref, adv, mask, divergence=divergence, beta=BETA)
+    log_W, log_R = ((lp - old) * mask).sum(-1), ((ref - old) * mask).sum(-1)
+    W, R = np.exp(log_W), np.exp(log_R)
+    per_completion = {
+        "fkl": R * (log_R - log_W),
+        "ufkl": R * (log_R - log_W) - R + W,
+        "rkl": W * (log_W - log_R),
+        "urkl": W * (log_W - log_R) - W + R,
+    }[divergence]
+    assert float(metrics["kl/sequence"]) == pytest.approx(per_completion.mean(), rel=1e-10)

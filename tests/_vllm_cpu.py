@@ -112,7 +112,12 @@ class VLLMServer:
         env = vllm_cpu_env(self.workdir / "tmp", PYTHONPATH=pythonpath)
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                command,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

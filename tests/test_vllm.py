@@ -160,11 +160,16 @@ def vllm_args(tmp_path, mode, server=None, **overrides):
     return tiny_run_args(tmp_path, use_vllm=True, vllm_mode=mode, bf16=False, **extra, **overrides)
 
 
-def make_vllm_trainer(model, tmp_path, mode, server=None, cls=RecordingRPGTrainer, **overrides):
+def make_vllm_trainer(model, tmp_path, mode, server=None, cls=RecordingRPGTrainer, reward=count_sevens, **overrides):
     from rpg_trl import RPGConfig
 
     args = RPGConfig(**vllm_args(tmp_path, mode, server, **overrides))
-    return cls(model, count_sevens, args=args, train_dataset=PROMPTS, processing_class=printable_tokenizer())
+    return cls(model, reward, args=args, train_dataset=PROMPTS, processing_class=printable_tokenizer())
+
+
+def count_digits(completions, **kwargs):
+    """A reward with spread at initialisation: the fraction of digits among 8 characters (10 of ~100 tokens)."""
+    return [sum(c.isdigit() for c in completion) / 8 for completion in completions]
 
 
 def assert_every_sync_agrees(trainer, tol=LOGP_TOL):
@@ -235,6 +240,7 @@ def test_importance_sampling_correction_reweights_both_terms(vllm_server, vllm_m
             tmp_path,
             "server",
             vllm_server,
+            reward=count_digits,
             divergence="fkl",
             estimator="differentiable",
             beta=beta,
@@ -247,25 +253,25 @@ def test_importance_sampling_correction_reweights_both_terms(vllm_server, vllm_m
         trainer.train()
     finally:
         RecordingRPGTrainer.record_gradients = False
-    (record,) = trainer.generations
     (step,) = trainer.losses
     # A model with the weights of that step (the one update since is undone), for the hand computation.
     model = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32)
     assert not model.load_state_dict(before, strict=False).unexpected_keys  # lm_head is tied to the embedding
-    mask = record["completion_mask"].float()
-    sampler = direct_logps(model, record, sampler_temperature)
-    assert max_gap(record["sampling_per_token_logps"], sampler, mask) <= LOGP_TOL  # vLLM sampled at T = 1.5
-    inputs = step["inputs"]
+    inputs = step["inputs"]  # the whole generation batch (one micro-batch), in TRL's shuffled order
+    mask = inputs["completion_mask"].float()
+    sampler = direct_logps(model, inputs, sampler_temperature)
+    assert max_gap(inputs["sampling_per_token_logps"], sampler, mask) <= LOGP_TOL  # vLLM sampled at T = 1.5
     advantages, count = inputs["advantages"], mask.sum()
+    assert (advantages.abs() > 0.05).sum() >= 4  # the reward term matters
     hand = torch.zeros(())
     hand_policy_only = torch.zeros(())
     ratios = []
-    for i, (prompt, completion) in enumerate(sequences(record)):
+    for i, (prompt, completion) in enumerate(sequences(inputs)):
         if not completion:
             continue
         logps = sequence_logps(model, prompt, completion)
         with torch.no_grad():
-            ratio = torch.exp(logps - sampler[i, : len(completion)]).clamp(max=3.0) if correction else 1.0
+            ratio = torch.exp(logps - sampler[i, : len(completion)]).clamp(max=3.0) if correction else torch.ones(1)
         ratios.append(ratio)
         hand = hand - (ratio * (advantages[i] + beta) * logps).sum() / count
         hand_policy_only = hand_policy_only - ((ratio * advantages[i] + beta) * logps).sum() / count

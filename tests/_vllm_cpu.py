@@ -271,6 +271,12 @@ def cpu_bridges():
         yield
 
 
+_INSTALLED = []
+
+
 def install_cpu_bridges_for_subprocess() -> None:
-    """Called by `tests/_vllm_cpu_site/sitecustomize.py` in a training subprocess (e.g. `accelerate launch`)."""
-    cpu_bridges().__enter__()
+    """Called by `tests/_vllm_cpu_site/sitecustomize.py` in a training subprocess (e.g. `accelerate launch`): the
+    stand-ins stay installed for the life of the process (the context is kept, so that it is never closed)."""
+    context = cpu_bridges()
+    context.__enter__()
+    _INSTALLED.append(context)

@@ -93,22 +93,28 @@ class RecordingRPGTrainer(RPGTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.generations, self.syncs, self.losses = [], [], []
-        sync = self.vllm_generation.sync_weights
+        self.generations, self.syncs, self.losses, self.vllm_calls = [], [], [], []
+        sync, generate = self.vllm_generation.sync_weights, self.vllm_generation.generate
 
         def counted_sync():
             self.syncs.append(self.state.global_step)
             sync()
 
-        self.vllm_generation.sync_weights = counted_sync
+        def counted_generate(*args, **kwargs):
+            self.vllm_calls.append(self.state.global_step)
+            return generate(*args, **kwargs)
+
+        self.vllm_generation.sync_weights, self.vllm_generation.generate = counted_sync, counted_generate
 
     def _generate_and_score_completions(self, inputs):
+        calls = len(self.vllm_calls)
+        # With dynamic sampling, the batch is assembled from several rounds, each sampled by vLLM.
         output = super()._generate_and_score_completions(inputs)
         keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampling_per_token_logps")
         record = {key: output[key].detach().clone() for key in keys}
         record["old_per_token_logps"] = output.get("old_per_token_logps")
         record["direct"] = direct_logps(self.model, output, self.temperature)
-        record["step"] = self.state.global_step
+        record["step"], record["rounds"] = self.state.global_step, len(self.vllm_calls) - calls
         self.generations.append(record)
         return output
 
@@ -167,9 +173,9 @@ def make_vllm_trainer(model, tmp_path, mode, server=None, cls=RecordingRPGTraine
     return cls(model, reward, args=args, train_dataset=PROMPTS, processing_class=printable_tokenizer())
 
 
-def count_digits(completions, **kwargs):
-    """A reward with spread at initialisation: the fraction of digits among 8 characters (10 of ~100 tokens)."""
-    return [sum(c.isdigit() for c in completion) / 8 for completion in completions]
+def mean_code(completions, **kwargs):
+    """A reward with spread in every group at initialisation: the mean character code of the completion, over 128."""
+    return [sum(map(ord, completion)) / max(len(completion), 1) / 128 for completion in completions]
 
 
 def assert_every_sync_agrees(trainer, tol=LOGP_TOL):
@@ -229,10 +235,10 @@ def test_trains_and_vllm_logprobs_equal_the_trainers_after_every_sync(
 
 @pytest.mark.parametrize("correction", [True, False], ids=["corrected", "uncorrected"])
 def test_importance_sampling_correction_reweights_both_terms(vllm_server, vllm_model, tmp_path, correction):
-    """vLLM samples at temperature 1.5 (`generation_kwargs`), the trainer scores at 1.0: TRL's per-token ratio
-    π_old/π_vLLM = min(exp(log π_1.0 − log π_1.5), 3) is not 1. On the first step π_θ = π_old, so RPG-FKL's gradient is
+    """vLLM samples at temperature 0.5 (`generation_kwargs`), the trainer scores at 1.0: TRL's per-token ratio
+    π_old/π_vLLM = min(exp(log π_1.0 − log π_0.5), 3) is not 1. On the first step π_θ = π_old, so RPG-FKL's gradient is
     −Σ m·IS·(A + β)·∇log π / N (W = w·A + β·r with w = r = 1): both the reward and the KL term are reweighted."""
-    beta, sampler_temperature = 0.5, 1.5
+    beta, sampler_temperature = 0.5, 0.5
     RecordingRPGTrainer.record_gradients = True
     try:
         trainer = make_vllm_trainer(
@@ -240,7 +246,7 @@ def test_importance_sampling_correction_reweights_both_terms(vllm_server, vllm_m
             tmp_path,
             "server",
             vllm_server,
-            reward=count_digits,
+            reward=mean_code,
             divergence="fkl",
             estimator="differentiable",
             beta=beta,
@@ -260,7 +266,7 @@ def test_importance_sampling_correction_reweights_both_terms(vllm_server, vllm_m
     inputs = step["inputs"]  # the whole generation batch (one micro-batch), in TRL's shuffled order
     mask = inputs["completion_mask"].float()
     sampler = direct_logps(model, inputs, sampler_temperature)
-    assert max_gap(inputs["sampling_per_token_logps"], sampler, mask) <= LOGP_TOL  # vLLM sampled at T = 1.5
+    assert max_gap(inputs["sampling_per_token_logps"], sampler, mask) <= LOGP_TOL  # vLLM sampled at T = 0.5
     advantages, count = inputs["advantages"], mask.sum()
     assert (advantages.abs() > 0.05).sum() >= 4  # the reward term matters
     hand = torch.zeros(())
@@ -305,15 +311,15 @@ def test_dynamic_sampling_and_kl_triggered_reference_sync(vllm_server, vllm_mode
         max_steps=4,
         steps_per_generation=2,
     )
-    calls = []
-    generate = trainer.vllm_generation.generate
-    trainer.vllm_generation.generate = lambda *a, **k: calls.append(1) or generate(*a, **k)
     initial_reference = {n: p.detach().clone() for n, p in trainer.ref_model.named_parameters()}
     trainer.train()
-    rounds = [int(r) for r in logged(trainer, "dynamic_sampling/rounds")]
-    assert rounds and all(1 <= r <= 3 for r in rounds)
-    assert len(calls) == len(trainer.generations) >= 2  # every round sampled by vLLM, each checked below
-    assert_every_sync_agrees(trainer)
+    rounds = [g["rounds"] for g in trainer.generations]
+    assert len(rounds) == 2 and all(1 <= r <= 3 for r in rounds)
+    # At initialisation almost no group has a '7': replacement rounds are drawn (through vLLM, counted above).
+    assert max(rounds) >= 2 and sum(rounds) == len(trainer.vllm_calls)
+    assert set(logged(trainer, "dynamic_sampling/rounds")) <= {float(r) for r in rounds}
+    assert trainer.syncs == [0, 2]  # once per generation batch, not per round
+    assert_every_sync_agrees(trainer)  # the assembled batches: sequences of every round
     assert logged(trainer, "ref/syncs")[-1] >= 1
     assert any(not torch.equal(initial_reference[n], p) for n, p in trainer.ref_model.named_parameters())
 
@@ -338,9 +344,12 @@ def test_lora_server_mode_syncs_the_merged_adapter(vllm_server, vllm_model, tmp_
     assert initial_gap(vllm_model, trainer.generations[-1]) > 1e-3  # the merged adapter reached vLLM
     base = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32).state_dict()
     trained = trainer.model.get_base_model().state_dict()
-    assert torch.equal(
-        trained["model.layers.0.self_attn.q_proj.base_layer.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    # TRL merges the adapter into the base weights for each sync and unmerges it after: the base weights come back up
+    # to float32 rounding, not bit for bit.
+    drift = (
+        trained["model.layers.0.self_attn.q_proj.base_layer.weight"] - base["model.layers.0.self_attn.q_proj.weight"]
     )
+    assert drift.abs().max() < 1e-5, drift.abs().max()
 
 
 def test_rpg_math_under_accelerate_launch_with_a_vllm_server(vllm_server, vllm_model, tmp_path):

@@ -52,15 +52,15 @@ def test_the_exact_sequence_level_fixed_point_is_the_closed_form_optimum(diverge
     kind = "reverse" if divergence in ("rkl", "urkl") else "forward"
     optimum = kl_optimum(kind, tree.probabilities(ref), rewards, beta)
     probs, residual = exact_fixed_point(
-        tree, ref, rewards, beta=beta, overrides={"divergence": divergence, "kl_level": "sequence"}, steps=1500
+        tree, ref, rewards, beta=beta, overrides={"divergence": divergence, "kl_level": "sequence"}, steps=400
     )
-    assert residual < 1e-4
-    assert total_variation(probs, optimum) < 2e-3
-    # The per-token KL weighting has another fixed point on this problem.
-    token, _ = exact_fixed_point(
-        tree, ref, rewards, beta=beta, overrides={"divergence": divergence, "kl_level": "token"}, steps=1500
+    assert residual < 1e-5
+    assert total_variation(probs, optimum) < 1e-4
+    # The per-token KL weighting has another fixed point on this problem (measured: 0.18 forward, 0.07 reverse).
+    token, residual = exact_fixed_point(
+        tree, ref, rewards, beta=beta, overrides={"divergence": divergence, "kl_level": "token"}, steps=400
     )
-    assert total_variation(token, optimum) > 0.02
+    assert residual < 1e-5 and total_variation(token, optimum) > 0.05
 
 
 def test_variants_name_their_level_and_their_fixed_point():

@@ -373,6 +373,8 @@ def token_reward(rewards: list[float]):
 
 
 def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: str):
+    from ..toy.training import no_activation_checkpointing
+
     spec = VARIANTS[variant]
     common = dict(
         output_dir=output_dir,
@@ -395,7 +397,7 @@ def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: 
         seed=args.seed,
         use_cpu=True,
         bf16=False,
-        activation_checkpointing=False,
+        **no_activation_checkpointing(),
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,

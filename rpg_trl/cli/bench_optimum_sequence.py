@@ -337,6 +337,8 @@ def sequence_reward(task: SequenceTask, tokenizer):
 
 
 def _config(args, variant: str, regime: str, output_dir: str):
+    from ..toy.training import no_activation_checkpointing
+
     spec = SEQUENCE_VARIANTS[variant]
     common = dict(
         output_dir=output_dir,
@@ -363,7 +365,7 @@ def _config(args, variant: str, regime: str, output_dir: str):
         save_strategy="no",
         disable_tqdm=True,
         dataloader_num_workers=0,
-        activation_checkpointing=False,
+        **no_activation_checkpointing(),
         **REGIMES[regime],
         **spec.overrides,
     )

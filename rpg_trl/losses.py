@@ -97,6 +97,10 @@ class KLTerm:
     sequence_weight: Callable[..., torch.Tensor] | None = None
     #: False for GRPO's uncorrected k3 (Sec. 2.2): evaluated at the token ratios, without importance weight or clip.
     importance_weighted: bool = True
+    #: True when ``sequence_weight`` holds the score term ``W≤t`` (the normalised rows' difference from the
+    #: unnormalised ones, zero in expectation): it is dropped when the prefix ratios are clipped, since
+    #: ``E_old[W̄≤t·∇log π_θ] ≠ 0`` once ``W̄≤t ≠ W≤t`` (docs/design.md).
+    sequence_score_term: bool = False
 
 
 def _W_before_times_w(p: Prefixes, log_w: torch.Tensor) -> torch.Tensor:
@@ -131,6 +135,7 @@ KL_TERMS: dict[str, KLTerm] = {
             torch.exp(p.log_R) * (log_r - log_w - 1.0) + _W_before_times_w(p, log_w)
         ),
         sequence_weight=lambda W, R, log_rho: W - R,
+        sequence_score_term=True,
     ),
     "rkl": KLTerm(
         "KL(π_θ‖π_ref)",
@@ -139,6 +144,7 @@ KL_TERMS: dict[str, KLTerm] = {
         weight=lambda w, r, log_w, log_r: w * (log_w - log_r + 1.0),
         sequence_value=lambda p, log_w, log_r: torch.exp(p.log_W) * (log_w - log_r),
         sequence_weight=lambda W, R, log_rho: _reverse_cumsum(W * log_rho) + W,
+        sequence_score_term=True,
     ),
     "urkl": KLTerm(
         "UKL(π_θ‖π_ref) = E_θ[k3(π_ref/π_θ)]",
@@ -419,8 +425,8 @@ def kl_weights(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
     the exact weight of the whole-completion divergence, ``K_t`` of the sequence table in ``docs/design.md``
     (``−R≤t``, ``W≤t − R≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t' + W≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t'``); when the clip is on,
     the prefix ratios ``W≤t`` and the token ratios ``w_t`` inside ``log ρ_t = log w_t − log r_t`` are clipped to
-    ``[1 − ε_low, 1 + ε_high]`` (so that one-token completions get the token level's ``K(w̄, r)``). GRPO's
-    uncorrected k3: ``1 − π_ref/π_θ``.
+    ``[1 − ε_low, 1 + ε_high]``, and the score term ``W≤t`` of ``ufkl`` and ``rkl`` (zero in expectation only when
+    exact) is dropped. GRPO's uncorrected k3: ``1 − π_ref/π_θ``.
     """
     term = spec.kl_term
     with torch.no_grad():
@@ -432,7 +438,11 @@ def kl_weights(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
             if spec.clip:  # every ratio of π_θ to π_old in the weight, prefix and token, in the trust region
                 log_W, log_w = _clip_log(log_W, spec), _clip_log(log_w, spec)
             log_rho = log_w - ratios.token_log_r
-            return term.sequence_weight(torch.exp(log_W), torch.exp(prefixes.log_R), log_rho)
+            W = torch.exp(log_W)
+            weight = term.sequence_weight(W, torch.exp(prefixes.log_R), log_rho)
+            if spec.clip and term.sequence_score_term:  # a clipped score term is not zero-mean: drop it
+                weight = weight - W
+            return weight
         log_w = _clip_log(ratios.log_w, spec) if spec.clip else ratios.log_w.detach()
         return term.weight(torch.exp(log_w), ratios.r, log_w, ratios.log_r)
 

@@ -435,7 +435,8 @@ def test_spec_and_keywords_together_or_unknown_keywords_are_refused():
 def sequence_K(divergence, lp, old, ref, mask, clip=None):
     """K_t of the exact gradient of the divergence between whole completions (docs/design.md), float64 numpy, from the
     prefix products W≤t = Π_{s≤t} w_s and R≤t: fkl −R≤t, ufkl W≤t − R≤t, rkl Σ_{t'≥t} W≤t'·log ρ_t' + W≤t, urkl the
-    same without W≤t. `clip` = (ε_low, ε_high) clips W≤t and the w_t of log ρ_t."""
+    same without W≤t. `clip` = (ε_low, ε_high) clips W≤t and the w_t of log ρ_t, and drops the score term W≤t of ufkl
+    and rkl."""
     log_w = (lp - old) * mask
     log_r = np.zeros_like(log_w) if ref is None else (ref - old) * mask
     W, R = np.exp(np.cumsum(log_w, -1)), np.exp(np.cumsum(log_r, -1))
@@ -443,7 +444,8 @@ def sequence_K(divergence, lp, old, ref, mask, clip=None):
         W = np.clip(W, 1 - clip[0], 1 + clip[1])
         log_w = np.clip(log_w, np.log(1 - clip[0]), np.log(1 + clip[1]))
     to_go = np.cumsum((W * (log_w - log_r))[:, ::-1], -1)[:, ::-1]
-    return {"fkl": -R, "ufkl": W - R, "rkl": to_go + W, "urkl": to_go}[divergence]
+    score = 0.0 if clip is not None else W  # clipped, the zero-mean score term W≤t is dropped
+    return {"fkl": -R, "ufkl": score - R, "rkl": to_go + score, "urkl": to_go}[divergence]
 
 
 @pytest.mark.parametrize("with_ref", [False, True], ids=["ref=old", "separate-ref"])
@@ -482,11 +484,16 @@ def test_one_token_completions_have_one_kl_level(divergence, estimator, clip):
     old = -g.uniform(0.5, 3.0, size=(6, 1))
     lp, ref = old + g.uniform(-1.0, 1.0, size=(6, 1)), old + g.uniform(-1.0, 1.0, size=(6, 1))
     adv, mask = g.normal(size=6), np.ones((6, 1))
-    kw = dict(divergence=divergence, estimator=estimator, beta=BETA, clip=clip)
-    token = grad_of(lp, old, ref, adv, mask, **kw)
-    sequence = grad_of(lp, old, ref, adv, mask, kl_level="sequence", **kw)
-    assert token[0].item() == pytest.approx(sequence[0].item(), rel=1e-12)
+    kw = dict(estimator=estimator, beta=BETA, clip=clip)
+    # With the clip, the sequence level drops the score term of ufkl and rkl (K = w̄ − r, w̄·(log ρ̄ + 1) per token):
+    # their one-token gradient is then fkl's and urkl's at the token level.
+    same_gradient = {"ufkl": "fkl", "rkl": "urkl"}.get(divergence, divergence) if clip else divergence
+    token = grad_of(lp, old, ref, adv, mask, divergence=same_gradient, **kw)
+    sequence = grad_of(lp, old, ref, adv, mask, divergence=divergence, kl_level="sequence", **kw)
     np.testing.assert_allclose(token[1], sequence[1], rtol=1e-12, atol=1e-14)
+    token = grad_of(lp, old, ref, adv, mask, divergence=divergence, **kw)
+    if estimator == "differentiable" or not clip:  # the loss value is the divergence's estimate at both levels
+        assert token[0].item() == pytest.approx(sequence[0].item(), rel=1e-12)
     assert float(token[2]["kl/sequence"]) == pytest.approx(float(token[2]["kl"]), rel=1e-12)
 
 

@@ -6,8 +6,8 @@
 
 In each launched process it applies the shims below, then runs the script with its own arguments as `__main__`, as
 `accelerate launch SCRIPT` would. With `RPG_LAUNCH_REPORT=DIR` set, each process also writes what it really ran
-(`DIR/rank{R}.json`: distributed type, process count, how the parameters are laid out), for `tests/test_launch_configs.py`
-to tell a run that sharded from a silent fallback. Test-side only: nothing in `rpg_trl/` imports this file.
+(`DIR/rank{R}.json`: distributed type, process count, how the parameters are laid out, which `rpg_trl` it imported),
+for `tests/test_launch_configs.py` to tell a run that sharded from a silent fallback. Test-side only: nothing in `rpg_trl/` imports this file.
 """
 
 import importlib
@@ -74,8 +74,11 @@ def report_backend(directory: str) -> None:
 
     def recorded_train(self, *args, **kwargs):
         output = train(self, *args, **kwargs)
+        import rpg_trl
+
         accelerator = self.accelerator
         report = {
+            "rpg_trl": rpg_trl.__file__,
             "process_index": accelerator.process_index,
             "num_processes": accelerator.num_processes,
             "distributed_type": accelerator.distributed_type.value,

@@ -240,7 +240,8 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
     trainer.accelerator.print(f"Model saved to {args.output_dir}.")
     if args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.train_dataset)
-    trainer.end()  # close the trackers and the process group
+    # Close the trackers and the process group (`Trainer.end()` in recent transformers does only this).
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":

@@ -3,7 +3,16 @@
 
 __version__ = "0.1.0"
 
-from .losses import DIVERGENCES, ESTIMATORS, PAPER_NAMES, aggregate_loss, rpg_loss, rpg_per_token_loss
+from .losses import (
+    DIVERGENCES,
+    ESTIMATORS,
+    KL_LEVELS,
+    PAPER_NAMES,
+    RPGLossSpec,
+    aggregate_loss,
+    rpg_loss,
+    rpg_per_token_loss,
+)
 
 
 _LAZY = {
@@ -30,8 +39,10 @@ __all__ = [
     "AsyncRPGTrainer",
     "DIVERGENCES",
     "ESTIMATORS",
+    "KL_LEVELS",
     "PAPER_NAMES",
     "RPGConfig",
+    "RPGLossSpec",
     "RPGTrainer",
     "RefModelSyncCallback",
     "aggregate_loss",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .losses import AGGREGATIONS, DIVERGENCES, ESTIMATORS, validate_rpg_hyperparameters
+from .losses import AGGREGATIONS, DIVERGENCES, ESTIMATORS, KL_LEVELS, RPGLossSpec
 
 
 KL_ANCHORS = ("sampling", "reference")
@@ -108,6 +108,17 @@ class RPGLossArguments:
             "divergence='urkl'."
         },
     )
+    kl_level: str = field(
+        default="token",
+        metadata={
+            "help": "Where the KL term's importance weights are taken. 'token' (default): each token's KL term is "
+            "weighted by its own ratio π_θ/π_old, as in the paper's code, TRL and every peer. 'sequence': the exact "
+            "gradient of the divergence between whole completions (the paper's objective, Sec. 2-3), with prefix "
+            "ratios π_θ(y≤t)/π_old(y≤t); exact with aggregation 'seq-mean-token-sum' (loss_type='luspo'). "
+            "docs/design.md compares the two.",
+            "choices": list(KL_LEVELS),
+        },
+    )
 
     # Paper defaults that differ from TRL's (Sec. 5, Appendix H).
     beta: float = field(
@@ -136,23 +147,34 @@ class RPGLossArguments:
         },
     )
 
-    def check_rpg_loss_arguments(self, *, aggregation: str = "token-mean", importance_sampling_level: str = "token"):
-        """Validate the loss fields (`ValueError` naming the field, the allowed values and the fix)."""
-        if self.epsilon_high is None:
-            self.epsilon_high = self.epsilon
-        validate_rpg_hyperparameters(
+    #: How the loss specification's fields are spelled in the configuration, for error messages.
+    _LOSS_SPEC_NAMES = {"clip": "rpg_clip", "epsilon_low": "epsilon"}
+
+    def _loss_spec_fields(self) -> dict:
+        """The [`RPGLossSpec`] fields of this configuration; a configuration with more loss options (the aggregation,
+        the importance-sampling level) adds them."""
+        return dict(
             divergence=self.divergence,
             estimator=self.estimator,
             beta=self.beta,
             clip=self.rpg_clip,
             epsilon_low=self.epsilon,
-            epsilon_high=self.epsilon_high,
+            epsilon_high=self.epsilon if self.epsilon_high is None else self.epsilon_high,
             clip_c=self.clip_c,
-            aggregation=aggregation,
-            importance_sampling_level=importance_sampling_level,
             kl_importance_weight=self.kl_importance_weight,
-            names={"clip": "rpg_clip", "epsilon_low": "epsilon"},
+            kl_level=self.kl_level,
         )
+
+    def rpg_loss_spec(self) -> RPGLossSpec:
+        """The loss this configuration specifies, as the frozen [`RPGLossSpec`] that the trainers pass to
+        [`rpg_trl.losses.rpg_per_token_loss`]; invalid fields raise a `ValueError` that names the configuration's field."""
+        return RPGLossSpec.from_kwargs(names=self._LOSS_SPEC_NAMES, **self._loss_spec_fields())
+
+    def check_rpg_loss_arguments(self) -> None:
+        """Validate the loss fields (`ValueError` naming the field, the allowed values and the fix)."""
+        if self.epsilon_high is None:
+            self.epsilon_high = self.epsilon
+        self.rpg_loss_spec()
         if self.kl_anchor is not None and self.kl_anchor not in KL_ANCHORS:
             raise ValueError(f"`kl_anchor` must be one of {list(KL_ANCHORS)} or None; got {self.kl_anchor!r}.")
         threshold = self.importance_weight_warning_threshold
@@ -273,6 +295,11 @@ class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
         kl_importance_weight (`bool`, *optional*, defaults to `True`):
             `False` switches to GRPO's uncorrected k3 penalty (no importance weight), the biased baseline of the paper's
             KL-weighting ablation (Sec. 2.2). Requires `divergence="urkl"`.
+        kl_level (`str`, *optional*, defaults to `"token"`):
+            `"token"`: each token's KL term is weighted by its own ratio (the paper's code, TRL and every peer).
+            `"sequence"`: the exact gradient of the divergence between whole completions, with prefix ratios
+            π_θ(y≤t)/π_old(y≤t) (clipped to the trust region with `rpg_clip`); exact with `loss_type="luspo"`
+            (aggregation `"seq-mean-token-sum"`). See docs/design.md.
         aggregation (`str` or `None`, *optional*, defaults to `None`):
             Loss aggregation: `"token-mean"`, `"seq-mean-token-mean"`, `"seq-mean-token-sum"` or
             `"seq-mean-token-sum-norm"`. `None` derives it from `loss_type` and uses TRL's normaliser for it exactly
@@ -340,12 +367,17 @@ class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
         self._check_trl_values()
         self._check_loss_type()
         self._check_unsupported_options()
-        self.check_rpg_loss_arguments(
-            aggregation=self.aggregation, importance_sampling_level=self.importance_sampling_level
-        )
+        self.check_rpg_loss_arguments()
         self._check_reference()
         self._warn_on_policy_kl()
         self.check_dynamic_sampling_arguments()
+
+    def _loss_spec_fields(self) -> dict:
+        return dict(
+            super()._loss_spec_fields(),
+            aggregation=self.aggregation,
+            importance_sampling_level=self.importance_sampling_level,
+        )
 
     def _check_loss_type(self) -> None:
         """Derive `aggregation` from TRL's `loss_type` (or `loss_type` from an explicit `aggregation`)."""
@@ -409,7 +441,7 @@ class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
             )
         if not self.use_bias_correction_kl:
             # GRPO's uncorrected k3 penalty: RPG's `kl_importance_weight=False` (an estimator of the reverse KL, so
-            # only with divergence="urkl"; checked in check_rpg_loss_arguments).
+            # only with divergence="urkl"; checked by RPGLossSpec).
             self.kl_importance_weight = False
 
     def _warn_on_policy_kl(self) -> None:

@@ -47,6 +47,7 @@ written out in ``docs/design.md``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,70 +55,54 @@ from dataclasses import dataclass
 import torch
 
 
-DIVERGENCES = ("fkl", "ufkl", "rkl", "urkl")
-ESTIMATORS = ("reinforce", "differentiable")
-#: ``token-mean``: Σ/number of tokens; ``seq-mean-token-mean``: mean over sequences of each one's token mean;
-#: ``seq-mean-token-sum``: mean over sequences of each one's token sum; ``seq-mean-token-sum-norm``: Σ/(B·max_length)
-#: (Dr. GRPO, TRL's ``dr_grpo``).
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
-
 #: Log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp`` (``e^20 ≈ 4.9e8``), so any finite
-#: input gives a finite loss and finite gradients.
+#: input gives a finite loss and finite gradients. Prefix products (``kl_level="sequence"``) are clamped the same way.
 LOG_RATIO_CLAMP = 20.0
 
-#: Paper names of each (divergence, estimator) pair, used in docs, model cards and benchmark tables.
-PAPER_NAMES = {
-    ("fkl", "differentiable"): "RPG-FKL",
-    ("ufkl", "differentiable"): "RPG-UFKL",
-    ("rkl", "differentiable"): "RPG-RKL",
-    ("urkl", "differentiable"): "RPG-URKL",
-    ("fkl", "reinforce"): "RPG-REINFORCE-FKL",
-    ("ufkl", "reinforce"): "RPG-REINFORCE-UFKL",
-    ("rkl", "reinforce"): "RPG-REINFORCE-RKL",
-    ("urkl", "reinforce"): "RPG-REINFORCE-URKL",
-}
+
+# ============================================================================================== the KL table
+@dataclass(frozen=True)
+class Prefixes:
+    """Whole-completion ratios for ``kl_level="sequence"``, (B, T) each: the products over the completion's tokens up to
+    and including t (module notation ``W≤t``, ``R≤t``), as log-ratios clamped against overflow."""
+
+    log_W: torch.Tensor  #: log W≤t = Σ_{s≤t} log w_s, differentiable
+    log_W_before: torch.Tensor  #: log W≤t−1 = log W≤t − log w_t, detached
+    log_R: torch.Tensor  #: log R≤t = Σ_{s≤t} log r_s, no grad
+
+
+def _reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """``Σ_{t'≥t} x_t'`` along the last dimension."""
+    return x.flip(-1).cumsum(-1).flip(-1)
 
 
 @dataclass(frozen=True)
 class KLTerm:
-    """One row of the module table: the importance-weighted divergence estimate and its derivative.
+    """One row of the module table: the divergence estimate and its gradient weight, per token and over whole
+    completions.
 
-    Both callables take ``(w, r, log_w, log_r)`` (tensors that broadcast) and return a tensor.
+    ``value`` and ``weight`` take ``(w, r, log_w, log_r)`` (per-token tensors that broadcast). ``sequence_value`` takes
+    ``(prefixes, log_w, log_r)`` and returns per-token terms whose sum over a completion is the estimate of the
+    divergence between whole completions, with autograd giving ``sequence_weight``; ``sequence_weight`` takes
+    ``(W, R, log_ρ)`` (detached (B, T) tensors: ``W≤t`` possibly clipped, ``R≤t`` and the token ``log ρ_t``).
     """
 
     divergence: str  #: the divergence ``D`` it estimates, e.g. ``"KL(π_θ‖π_ref)"``
     paper: str  #: where the paper derives its gradient
-    value: Callable[..., torch.Tensor]  #: ``S``, with ``E_old[S] = D``
+    value: Callable[..., torch.Tensor]  #: ``S``, with ``E_old[S] = D`` (per token)
     weight: Callable[..., torch.Tensor]  #: ``K = ∂S/∂log π_θ``; the KL part of ``W`` is ``−β·K``
+    #: ``S_t``, with ``E_old[Σ_t S_t] = D`` between whole completions
+    sequence_value: Callable[..., torch.Tensor] | None = None
+    #: ``K_t = ∂(Σ_t' S_t')/∂log π_θ(y_t | y_<t)``
+    sequence_weight: Callable[..., torch.Tensor] | None = None
+    #: False for GRPO's uncorrected k3 (Sec. 2.2): evaluated at the token ratios, without importance weight or clip.
+    importance_weighted: bool = True
 
 
-KL_TERMS: dict[str, KLTerm] = {
-    "fkl": KLTerm(
-        "KL(π_ref‖π_θ)",
-        "Prop. E.1 / F.1, Table 4",
-        value=lambda w, r, log_w, log_r: r * (log_r - log_w),
-        weight=lambda w, r, log_w, log_r: -r * torch.ones_like(w),
-    ),
-    "ufkl": KLTerm(
-        "UKL(π_ref‖π_θ)",
-        "Prop. 3.2 / F.3, Table 1",
-        value=lambda w, r, log_w, log_r: r * (log_r - log_w) - r + w,
-        weight=lambda w, r, log_w, log_r: w - r,
-    ),
-    "rkl": KLTerm(
-        "KL(π_θ‖π_ref)",
-        "Prop. E.3 / F.4, Table 4",
-        value=lambda w, r, log_w, log_r: w * (log_w - log_r),
-        weight=lambda w, r, log_w, log_r: w * (log_w - log_r + 1.0),
-    ),
-    "urkl": KLTerm(
-        "UKL(π_θ‖π_ref) = E_θ[k3(π_ref/π_θ)]",
-        "Prop. 3.6 / F.5, Table 1",
-        value=lambda w, r, log_w, log_r: w * (log_w - log_r) - w + r,
-        weight=lambda w, r, log_w, log_r: w * (log_w - log_r),
-    ),
-}
+def _W_before_times_w(p: Prefixes, log_w: torch.Tensor) -> torch.Tensor:
+    """``SG(W≤t−1)·w_t``: its derivative w.r.t. ``log π_θ(y_s | y_<s)`` is ``W≤s`` at ``s = t`` and 0 elsewhere; its
+    expectation under π_old is 1 (the mass of a normalised policy)."""
+    return torch.exp((p.log_W_before + log_w).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
 
 
 def uncorrected_k3(log_w: torch.Tensor, log_r: torch.Tensor) -> torch.Tensor:
@@ -128,6 +113,65 @@ def uncorrected_k3(log_w: torch.Tensor, log_r: torch.Tensor) -> torch.Tensor:
     return torch.exp(log_inv_rho) - log_inv_rho - 1.0
 
 
+KL_TERMS: dict[str, KLTerm] = {
+    "fkl": KLTerm(
+        "KL(π_ref‖π_θ)",
+        "Prop. E.1 / F.1, Table 4",
+        value=lambda w, r, log_w, log_r: r * (log_r - log_w),
+        weight=lambda w, r, log_w, log_r: -r * torch.ones_like(w),
+        sequence_value=lambda p, log_w, log_r: torch.exp(p.log_R) * (log_r - log_w),
+        sequence_weight=lambda W, R, log_rho: -R * torch.ones_like(W),
+    ),
+    "ufkl": KLTerm(
+        "UKL(π_ref‖π_θ)",
+        "Prop. 3.2 / F.3, Table 1",
+        value=lambda w, r, log_w, log_r: r * (log_r - log_w) - r + w,
+        weight=lambda w, r, log_w, log_r: w - r,
+        sequence_value=lambda p, log_w, log_r: (
+            torch.exp(p.log_R) * (log_r - log_w - 1.0) + _W_before_times_w(p, log_w)
+        ),
+        sequence_weight=lambda W, R, log_rho: W - R,
+    ),
+    "rkl": KLTerm(
+        "KL(π_θ‖π_ref)",
+        "Prop. E.3 / F.4, Table 4",
+        value=lambda w, r, log_w, log_r: w * (log_w - log_r),
+        weight=lambda w, r, log_w, log_r: w * (log_w - log_r + 1.0),
+        sequence_value=lambda p, log_w, log_r: torch.exp(p.log_W) * (log_w - log_r),
+        sequence_weight=lambda W, R, log_rho: _reverse_cumsum(W * log_rho) + W,
+    ),
+    "urkl": KLTerm(
+        "UKL(π_θ‖π_ref) = E_θ[k3(π_ref/π_θ)]",
+        "Prop. 3.6 / F.5, Table 1",
+        value=lambda w, r, log_w, log_r: w * (log_w - log_r) - w + r,
+        weight=lambda w, r, log_w, log_r: w * (log_w - log_r),
+        sequence_value=lambda p, log_w, log_r: (
+            torch.exp(p.log_W) * (log_w - log_r) - _W_before_times_w(p, log_w) + torch.exp(p.log_R)
+        ),
+        sequence_weight=lambda W, R, log_rho: _reverse_cumsum(W * log_rho),
+    ),
+    "k3": KLTerm(
+        "UKL(π_θ‖π_ref) estimated by GRPO's k3 without importance weight (biased off-policy)",
+        "Sec. 2.2",
+        value=lambda w, r, log_w, log_r: uncorrected_k3(log_w, log_r),
+        weight=lambda w, r, log_w, log_r: 1.0 - torch.exp(log_r - log_w),
+        importance_weighted=False,
+    ),
+}
+
+#: The divergences a user chooses (`divergence=`); the uncorrected k3 row is chosen by `kl_importance_weight=False`.
+DIVERGENCES = tuple(name for name, term in KL_TERMS.items() if term.importance_weighted)
+#: ``token-mean``: Σ/number of tokens; ``seq-mean-token-mean``: mean over sequences of each one's token mean;
+#: ``seq-mean-token-sum``: mean over sequences of each one's token sum; ``seq-mean-token-sum-norm``: Σ/(B·max_length)
+#: (Dr. GRPO, TRL's ``dr_grpo``).
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+#: Where the KL's importance weights are taken: per token (the paper's code and every peer) or over the whole
+#: completion up to each token (the exact gradient of the divergence between whole completions; docs/design.md).
+KL_LEVELS = ("token", "sequence")
+
+
+# ============================================================================================== the specification
 def _check_choice(name: str, value, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(f"`{name}` must be one of {', '.join(repr(a) for a in allowed)}; got {value!r}.")
@@ -142,59 +186,124 @@ def _check_finite_number(name: str, value, *, minimum: float | None = None, stri
     return float(value)
 
 
-def validate_rpg_hyperparameters(
-    *,
-    divergence: str,
-    estimator: str,
-    beta: float,
-    clip: bool,
-    epsilon_low: float,
-    epsilon_high: float,
-    clip_c: float,
-    aggregation: str,
-    importance_sampling_level: str = "token",
-    kl_importance_weight: bool = True,
-    names: dict[str, str] | None = None,
-) -> None:
-    """Raise a `ValueError` naming the argument and the allowed values for any invalid RPG hyperparameter.
+@dataclass(frozen=True)
+class RPGLossSpec:
+    """Everything that defines the RPG loss (paper Sec. 3-5), checked once at construction.
 
-    Shared by [`rpg_loss`] (checked at each call) and [`RPGConfig`] (checked at construction), which passes `names`
-    to report its own field names (e.g. `{"clip": "rpg_clip", "epsilon_low": "epsilon"}`).
+    Built once from the configuration ([`RPGConfig.rpg_loss_spec`](rpg_trl.config), the asynchronous config too) and
+    passed to [`rpg_per_token_loss`] / [`rpg_loss`], which also build one from keyword arguments. Its field names are
+    the paper's; [`RPGConfig`] spells `clip` as `rpg_clip` and `epsilon_low` as TRL's `epsilon`.
     """
-    names = names or {}
 
-    def n(name: str) -> str:
-        return names.get(name, name)
+    divergence: str = "urkl"  #: ``"fkl"``, ``"ufkl"``, ``"rkl"`` or ``"urkl"`` (module table)
+    estimator: str = "reinforce"  #: a key of [`ESTIMATOR_FUNCTIONS`]: ``"reinforce"`` or ``"differentiable"``
+    beta: float = 1e-4  #: KL coefficient β >= 0 (Appendix H)
+    clip: bool = True  #: RPG-Style Clip (Sec. 3.3, Algorithms 1-2)
+    epsilon_low: float = 0.2  #: ε_1, lower clip ``1 − ε_low``, in [0, 1)
+    epsilon_high: float = 0.28  #: ε_2, upper clip ``1 + ε_high``
+    clip_c: float = 10.0  #: dual-clip bound c > 1 for negative advantages
+    aggregation: str = "token-mean"  #: how [`rpg_loss`] reduces the per-token loss ([`aggregate_loss`])
+    importance_sampling_level: str = "token"  #: the reward term's ratio: per token, or GSPO's geometric mean
+    #: False: GRPO's uncorrected k3 (the ``k3`` row of the KL table, Sec. 2.2), only with divergence ``"urkl"``
+    kl_importance_weight: bool = True
+    kl_level: str = "token"  #: the KL's importance weights per token or over whole completions ([`KL_LEVELS`])
 
-    _check_choice(n("divergence"), divergence, DIVERGENCES)
-    _check_choice(n("estimator"), estimator, ESTIMATORS)
-    _check_choice(n("aggregation"), aggregation, AGGREGATIONS)
-    _check_choice(n("importance_sampling_level"), importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
-    _check_finite_number(n("beta"), beta, minimum=0.0)
-    if not isinstance(clip, bool):
-        raise ValueError(f"`{n('clip')}` must be a bool; got {clip!r}.")
-    _check_finite_number(n("epsilon_low"), epsilon_low, minimum=0.0)
-    if epsilon_low >= 1.0:
-        raise ValueError(
-            f"`{n('epsilon_low')}` must be in [0, 1) so that the lower clip bound 1 - {n('epsilon_low')} stays "
-            f"positive; got {epsilon_low!r}."
-        )
-    _check_finite_number(n("epsilon_high"), epsilon_high, minimum=0.0)
-    _check_finite_number(n("clip_c"), clip_c, minimum=1.0, strict=True)
-    if clip_c < 1.0 + epsilon_high:
-        raise ValueError(
-            f"`{n('clip_c')}` (the dual-clip bound for negative advantages) must be >= 1 + {n('epsilon_high')} = "
-            f"{1.0 + epsilon_high}; got {clip_c!r}."
-        )
-    if not isinstance(kl_importance_weight, bool):
-        raise ValueError(f"`{n('kl_importance_weight')}` must be a bool; got {kl_importance_weight!r}.")
-    if not kl_importance_weight and divergence != "urkl":
-        raise ValueError(
-            f"`{n('kl_importance_weight')}=False` is the uncorrected GRPO k3 penalty, an estimator of the reverse KL: "
-            f"it is only defined with {n('divergence')}='urkl'; got {n('divergence')}={divergence!r}."
-        )
+    def __post_init__(self):
+        self.check()
+
+    @property
+    def kl_term(self) -> KLTerm:
+        """The row of [`KL_TERMS`] this specification uses."""
+        return KL_TERMS[self.divergence if self.kl_importance_weight else "k3"]
+
+    @property
+    def paper_name(self) -> str:
+        """The paper's name of the algorithm, e.g. ``"RPG-REINFORCE-URKL"`` (Tables 1-4)."""
+        return paper_name(self.divergence, self.estimator)
+
+    def replace(self, **changes) -> RPGLossSpec:
+        """A copy with `changes` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_kwargs(cls, names: dict[str, str] | None = None, **fields) -> RPGLossSpec:
+        """Build a specification from keyword arguments, reporting an invalid one with the caller's names for the
+        fields (`names` maps a field to the caller's name, e.g. ``{"clip": "rpg_clip"}``)."""
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(
+                f"Unknown RPG loss argument(s) {unknown}; the loss is specified by "
+                f"{[f.name for f in dataclasses.fields(cls)]}."
+            )
+        cls.check(_FieldView(fields, cls), names)
+        return cls(**fields)
+
+    def check(self, names: dict[str, str] | None = None) -> None:
+        """Raise a `ValueError` naming the field (in the caller's `names`), the allowed values and the fix."""
+        names = names or {}
+
+        def n(name: str) -> str:
+            return names.get(name, name)
+
+        _check_choice(n("divergence"), self.divergence, DIVERGENCES)
+        _check_choice(n("estimator"), self.estimator, ESTIMATORS)
+        _check_choice(n("aggregation"), self.aggregation, AGGREGATIONS)
+        _check_choice(n("importance_sampling_level"), self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
+        _check_choice(n("kl_level"), self.kl_level, KL_LEVELS)
+        _check_finite_number(n("beta"), self.beta, minimum=0.0)
+        if not isinstance(self.clip, bool):
+            raise ValueError(f"`{n('clip')}` must be a bool; got {self.clip!r}.")
+        _check_finite_number(n("epsilon_low"), self.epsilon_low, minimum=0.0)
+        if self.epsilon_low >= 1.0:
+            raise ValueError(
+                f"`{n('epsilon_low')}` must be in [0, 1) so that the lower clip bound 1 - {n('epsilon_low')} stays "
+                f"positive; got {self.epsilon_low!r}."
+            )
+        _check_finite_number(n("epsilon_high"), self.epsilon_high, minimum=0.0)
+        _check_finite_number(n("clip_c"), self.clip_c, minimum=1.0, strict=True)
+        if self.clip_c < 1.0 + self.epsilon_high:
+            raise ValueError(
+                f"`{n('clip_c')}` (the dual-clip bound for negative advantages) must be >= 1 + {n('epsilon_high')} = "
+                f"{1.0 + self.epsilon_high}; got {self.clip_c!r}."
+            )
+        if not isinstance(self.kl_importance_weight, bool):
+            raise ValueError(f"`{n('kl_importance_weight')}` must be a bool; got {self.kl_importance_weight!r}.")
+        if not self.kl_importance_weight and self.divergence != "urkl":
+            raise ValueError(
+                f"`{n('kl_importance_weight')}=False` is the uncorrected GRPO k3 penalty, an estimator of the reverse "
+                f"KL: it is only defined with {n('divergence')}='urkl'; got {n('divergence')}={self.divergence!r}."
+            )
+        if self.kl_level == "sequence" and not self.kl_importance_weight:
+            raise ValueError(
+                f"`{n('kl_importance_weight')}=False` (GRPO's uncorrected k3) is a per-token penalty without importance "
+                f"weights, so it has no sequence-level form: use {n('kl_level')}='token' with it, or "
+                f"{n('kl_importance_weight')}=True for the exact sequence-level KL."
+            )
+        if self.kl_level == "sequence" and self.importance_sampling_level == "sequence":
+            raise ValueError(
+                f"`{n('kl_level')}='sequence'` weights each token's KL term by the exact prefix ratio π_θ(y≤t)/π_old(y≤t), "
+                f"while `{n('importance_sampling_level')}='sequence'` replaces every ratio by the sequence's geometric "
+                f"mean (GSPO); they do not combine. Use {n('importance_sampling_level')}='token' with "
+                f"{n('kl_level')}='sequence'."
+            )
 
 
+class _FieldView:
+    """The fields of a not-yet-built [`RPGLossSpec`] (defaults filled in), so that they can be checked with the
+    caller's names before the frozen object exists."""
+
+    def __init__(self, fields: dict, cls):
+        for f in dataclasses.fields(cls):
+            setattr(self, f.name, fields.get(f.name, f.default))
+
+
+def validate_rpg_hyperparameters(*, names: dict[str, str] | None = None, **fields) -> None:
+    """Raise a `ValueError` naming the argument and the allowed values for any invalid RPG loss field (the fields of
+    [`RPGLossSpec`]; `names` maps them to the caller's names, e.g. `{"clip": "rpg_clip", "epsilon_low": "epsilon"}`)."""
+    RPGLossSpec.from_kwargs(names=names, **fields)
+
+
+# ============================================================================================== ratios and clip
 @dataclass
 class RatioTensors:
     """The per-token ratios both estimators use, (B, T) float tensors (scalars broadcast); masked positions hold 0
@@ -207,6 +316,17 @@ class RatioTensors:
     r: torch.Tensor  #: exp(log_r), no grad
     token_log_w: torch.Tensor  #: token-level log w (detached), for the logged token KL
     token_log_r: torch.Tensor  #: token-level log r, for the logged token KL
+
+    def prefixes(self) -> Prefixes:
+        """The whole-completion prefix ratios ``W≤t`` and ``R≤t`` of these token ratios (masked tokens count as 1)."""
+        log_w = self.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_W = log_w.cumsum(-1)
+        log_R = torch.broadcast_to(self.token_log_r, log_W.shape).cumsum(-1)
+        return Prefixes(
+            log_W=log_W.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
+            log_W_before=(log_W - log_w).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
+            log_R=log_R.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
+        )
 
 
 def importance_ratios(
@@ -272,92 +392,143 @@ def clip_regions(w: torch.Tensor, advantages: torch.Tensor, active: torch.Tensor
     )
 
 
-def _clipped_log_w(log_w: torch.Tensor, epsilon_low: float, epsilon_high: float) -> torch.Tensor:
-    """``log w̄ = log clip(w, 1 − ε_low, 1 + ε_high)``, detached (Remark F.2)."""
-    return log_w.detach().clamp(math.log(1.0 - epsilon_low), math.log(1.0 + epsilon_high))
+def _clip_log(log_x: torch.Tensor, spec: RPGLossSpec) -> torch.Tensor:
+    """``log clip(x, 1 − ε_low, 1 + ε_high)``, detached (Remark F.2)."""
+    return log_x.detach().clamp(math.log(1.0 - spec.epsilon_low), math.log(1.0 + spec.epsilon_high))
+
+
+# ============================================================================================== the KL term
+def kl_values(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
+    """The divergence estimate per token, ``S`` (B, T), differentiable: the importance-weighted per-token estimate
+    (``kl_level="token"``, at the reward term's ``w``), or the terms whose sum over a completion estimates the divergence
+    between whole completions (``kl_level="sequence"``). GRPO's uncorrected k3 is evaluated at the token ratios."""
+    term = spec.kl_term
+    if not term.importance_weighted:
+        log_w = ratios.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return term.value(None, None, log_w, ratios.token_log_r)
+    if spec.kl_level == "sequence":
+        log_w = ratios.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return term.sequence_value(ratios.prefixes(), log_w, ratios.token_log_r)
+    return term.value(ratios.w, ratios.r, ratios.log_w, ratios.log_r)
+
+
+def kl_weights(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
+    """The KL part ``K`` of the gradient weight ``W = w·A − β·K`` per token, (B, T), detached.
+
+    Token level: ``K(w, r)`` of the module table, at the clipped ``w̄`` when the clip is on (Remark F.2). Sequence level:
+    the exact weight of the whole-completion divergence, ``K_t`` of the sequence table in ``docs/design.md``
+    (``−R≤t``, ``W≤t − R≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t' + W≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t'``); when the clip is on,
+    the prefix ratios ``W≤t`` and the token ratios ``w_t`` inside ``log ρ_t = log w_t − log r_t`` are clipped to
+    ``[1 − ε_low, 1 + ε_high]`` (so that one-token completions get the token level's ``K(w̄, r)``). GRPO's
+    uncorrected k3: ``1 − π_ref/π_θ``.
+    """
+    term = spec.kl_term
+    with torch.no_grad():
+        if not term.importance_weighted:
+            return term.weight(None, None, ratios.token_log_w, ratios.token_log_r)
+        if spec.kl_level == "sequence":
+            prefixes = ratios.prefixes()
+            log_W, log_w = prefixes.log_W.detach(), ratios.token_log_w
+            if spec.clip:  # every ratio of π_θ to π_old in the weight, prefix and token, in the trust region
+                log_W, log_w = _clip_log(log_W, spec), _clip_log(log_w, spec)
+            log_rho = log_w - ratios.token_log_r
+            return term.sequence_weight(torch.exp(log_W), torch.exp(prefixes.log_R), log_rho)
+        log_w = _clip_log(ratios.log_w, spec) if spec.clip else ratios.log_w.detach()
+        return term.weight(torch.exp(log_w), ratios.r, log_w, ratios.log_r)
+
+
+def token_kl(ratios: RatioTensors, divergence: str | RPGLossSpec, kl_importance_weight: bool = True) -> torch.Tensor:
+    """The per-token divergence estimate that is logged (``kl``) and drives the reference sync: ``S`` at the
+    token-level ratios (whatever the importance-sampling and KL levels), or GRPO's k3 when uncorrected. Detached.
+    `divergence` is a divergence name or an [`RPGLossSpec`]."""
+    if isinstance(divergence, RPGLossSpec):
+        divergence, kl_importance_weight = divergence.divergence, divergence.kl_importance_weight
+    term = KL_TERMS[divergence if kl_importance_weight else "k3"]
+    with torch.no_grad():
+        log_w, log_r = ratios.token_log_w, ratios.token_log_r
+        return term.value(torch.exp(log_w), torch.exp(log_r), log_w, log_r)
+
+
+def sequence_kl(ratios: RatioTensors, spec: RPGLossSpec, mask: torch.Tensor) -> torch.Tensor:
+    """The estimate of the divergence between whole completions, one value per completion (B,), detached: the row's
+    per-token estimate ``S`` applied to the completion as a whole, at ``W = π_θ(y)/π_old(y)`` and
+    ``R = π_ref(y)/π_old(y)`` (the logged ``kl/sequence``, with either `kl_level`). Unbiased under π_old, and never
+    negative for the unnormalised divergences (``W·k3(R/W)`` for ``urkl``); on-policy with ``divergence="rkl"`` it is
+    the completion's ``Σ_t log ρ_t``."""
+    with torch.no_grad():
+        log_W = (ratios.token_log_w * mask).sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_R = (ratios.token_log_r * mask).sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        return spec.kl_term.value(torch.exp(log_W), torch.exp(log_R), log_W, log_R)
+
+
+# ============================================================================================== the estimators
+def _reward_term_differentiable(ratios, advantages, regions, spec):
+    w = ratios.w
+    if not spec.clip:
+        return -w * advantages
+    clipped = -torch.clamp(w, 1.0 - spec.epsilon_low, 1.0 + spec.epsilon_high) * advantages
+    reward_loss = torch.maximum(-w * advantages, clipped)
+    return torch.where(advantages < 0, torch.minimum(reward_loss, -spec.clip_c * advantages), reward_loss)
 
 
 def differentiable_per_token_loss(
-    ratios: RatioTensors,
-    advantages: torch.Tensor,
-    regions: ClipRegions | None,
-    *,
-    divergence: str,
-    beta: float,
-    epsilon_low: float,
-    epsilon_high: float,
-    clip_c: float,
-    kl_importance_weight: bool = True,
+    ratios: RatioTensors, advantages: torch.Tensor, regions: ClipRegions, spec: RPGLossSpec
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fully differentiable surrogate (Tables 1 and 4): ``−w·A + β·S(w, r)`` per token, through ``w``; returns the
-    reward term and the KL term separately, (B, T) each.
+    """Fully differentiable surrogate (Tables 1 and 4): ``−w·A + β·S`` per token, through ``w``; returns the reward
+    term and the KL term separately, (B, T) each.
 
-    With the clip (``regions`` given) the reward term is PPO's dual clip (Algorithm 1: ``max(−w·A, −w̄·A)``, and for
-    ``A < 0`` at most ``−c·A``), whose value and gradient are TRL's; outside the trust region the KL term is
-    ``S(w) + K(w̄)·(log w − SG(log w))`` with a stopped ``S(w)``: the value stays the importance-weighted estimate and
-    the gradient is ``β·K(w̄, r)`` (module docstring). GRPO's uncorrected k3 (``kl_importance_weight=False``) is
-    applied as GRPO applies it: token level, never clipped.
+    With the clip on, the reward term is PPO's dual clip (Algorithm 1: ``max(−w·A, −w̄·A)``, and for ``A < 0`` at most
+    ``−c·A``), whose value and gradient are TRL's; where the KL weight is clipped the KL term is
+    ``SG(S) + SG(K̄)·(log π_θ − SG(log π_θ))``: the value stays the importance-weighted estimate and the gradient is
+    ``β·K̄`` (module docstring). Per token that is outside the trust region; with ``kl_level="sequence"`` every token
+    takes this form when the clip is on (a clipped prefix changes the weights of the tokens before it too).
     """
-    w, log_w, r, log_r = ratios.w, ratios.log_w, ratios.r, ratios.log_r
-    if regions is not None:
-        clipped = -torch.clamp(w, 1.0 - epsilon_low, 1.0 + epsilon_high) * advantages
-        reward_loss = torch.maximum(-w * advantages, clipped)
-        reward_loss = torch.where(advantages < 0, torch.minimum(reward_loss, -clip_c * advantages), reward_loss)
-    else:
-        reward_loss = -w * advantages
-    if not kl_importance_weight:
-        token_log_w = ratios.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return reward_loss, beta * uncorrected_k3(token_log_w, ratios.token_log_r)
-    term = KL_TERMS[divergence]
-    kl = term.value(w, r, log_w, log_r)
-    if regions is not None:
-        log_w_bar = _clipped_log_w(log_w, epsilon_low, epsilon_high)
-        inside = log_w.detach() == log_w_bar
-        k_bar = term.weight(torch.exp(log_w_bar), r, log_w_bar, log_r)
-        straight_through = kl.detach() + k_bar * (log_w - log_w.detach())
-        kl = torch.where(inside, kl, straight_through)
-    return reward_loss, beta * kl
+    reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
+    kl = kl_values(ratios, spec)
+    if spec.clip and spec.kl_term.importance_weighted:
+        log_w = ratios.log_w
+        straight_through = kl.detach() + kl_weights(ratios, spec) * (log_w - log_w.detach())
+        if spec.kl_level == "sequence":
+            kl = straight_through
+        else:
+            inside = log_w.detach() == _clip_log(log_w, spec)
+            kl = torch.where(inside, kl, straight_through)
+    return reward_loss, spec.beta * kl
 
 
 def reinforce_per_token_loss(
-    ratios: RatioTensors,
-    advantages: torch.Tensor,
-    regions: ClipRegions | None,
-    *,
-    divergence: str,
-    beta: float,
-    epsilon_low: float,
-    epsilon_high: float,
-    kl_importance_weight: bool = True,
+    ratios: RatioTensors, advantages: torch.Tensor, regions: ClipRegions, spec: RPGLossSpec
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE-style surrogate (Table 2, Appendix F, Eq. 4.1): ``−SG(W)·log π_θ`` per token; returns the reward
     term ``−SG(w·A)·log π_θ`` and the KL term ``SG(β·K)·log π_θ`` separately, (B, T) each.
 
-    ``W = [w·A if the reward term is active] − β·K(w̄, r)``: with the clip (``regions`` given) the KL weight uses the
-    clipped ``w̄`` (Remark F.2). The gradient flows through the unclamped token log-ratio. GRPO's uncorrected k3
-    (``kl_importance_weight=False``) contributes its own gradient ``1 − π_ref/π_θ`` per token, never clipped.
+    ``W = [w·A if the reward term is active] − β·K`` with ``K`` from [`kl_weights`] (at the clipped weight when the
+    clip is on, Remark F.2). The gradient flows through the unclamped token log-ratio.
     """
     with torch.no_grad():
-        w, log_w, r, log_r = ratios.w.detach(), ratios.log_w.detach(), ratios.r, ratios.log_r
-        if not kl_importance_weight:
-            kl_weight = 1.0 - torch.exp(ratios.token_log_r - ratios.token_log_w)
-        else:
-            log_w_kl = _clipped_log_w(log_w, epsilon_low, epsilon_high) if regions is not None else log_w
-            kl_weight = KL_TERMS[divergence].weight(torch.exp(log_w_kl), r, log_w_kl, log_r)
-        reward_weight = w * advantages
-        if regions is not None:
+        reward_weight = ratios.w.detach() * advantages
+        if spec.clip:
             reward_weight = torch.where(regions.any, torch.zeros_like(reward_weight), reward_weight)
-    return -reward_weight * ratios.token_log_ratio, beta * kl_weight * ratios.token_log_ratio
+    kl_weight = kl_weights(ratios, spec)
+    return -reward_weight * ratios.token_log_ratio, spec.beta * kl_weight * ratios.token_log_ratio
 
 
-def token_kl(ratios: RatioTensors, divergence: str, kl_importance_weight: bool = True) -> torch.Tensor:
-    """The per-token divergence estimate that is logged (``kl``) and drives the reference sync: ``S`` at the
-    token-level ratios (also with sequence-level importance sampling), or GRPO's k3 when uncorrected. Detached."""
-    with torch.no_grad():
-        log_w, log_r = ratios.token_log_w, ratios.token_log_r
-        if not kl_importance_weight:
-            return uncorrected_k3(log_w, log_r)
-        return KL_TERMS[divergence].value(torch.exp(log_w), torch.exp(log_r), log_w, log_r)
+#: The gradient estimators (Proposition 4.1: the same gradient), one signature:
+#: ``(ratios, advantages, regions, spec) -> (reward term, KL term)``, (B, T) each.
+ESTIMATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+    "reinforce": reinforce_per_token_loss,
+    "differentiable": differentiable_per_token_loss,
+}
+ESTIMATORS = tuple(ESTIMATOR_FUNCTIONS)
+
+
+def paper_name(divergence: str, estimator: str) -> str:
+    """The paper's name of a (divergence, estimator) pair: ``RPG-[REINFORCE-]<DIVERGENCE>`` (Tables 1-4)."""
+    return f"RPG-{'REINFORCE-' if estimator == 'reinforce' else ''}{divergence.upper()}"
+
+
+#: Paper names of each (divergence, estimator) pair, used in docs, model cards and benchmark tables.
+PAPER_NAMES = {(d, e): paper_name(d, e) for e in ESTIMATORS for d in DIVERGENCES}
 
 
 def aggregate_loss(
@@ -397,56 +568,40 @@ def rpg_per_token_loss(
     old_logps: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    spec: RPGLossSpec | None = None,
     *,
     ref_logps: torch.Tensor | None = None,
-    divergence: str = "urkl",
-    estimator: str = "reinforce",
-    beta: float = 1e-4,
-    clip: bool = True,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.28,
-    clip_c: float = 10.0,
-    importance_sampling_level: str = "token",
-    kl_importance_weight: bool = True,
     reward_mask: torch.Tensor | None = None,
+    **spec_fields,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token RPG loss, before aggregation: returns ``(per_token_loss (B, T) float32, per-token stats)``.
+    """Per-token RPG loss, before aggregation: returns ``(per_token_loss (B, T), per-token stats)``.
 
-    Arguments are those of [`rpg_loss`] (which validates them). Computation runs in float32 (float64 inputs stay
-    float64), whatever the input dtype. The stats dict holds (B, T) float tensors, detached: ``kl`` (the per-token
-    divergence estimate ``S`` at the token-level ratios, see [`token_kl`]), ``is_low_clipped``, ``is_high_clipped``,
-    ``is_dual_clipped`` and ``importance_weight`` (``w``).
+    The loss is specified by `spec` (an [`RPGLossSpec`]) or by its fields as keyword arguments (``divergence=...``,
+    ``beta=...``; see [`rpg_loss`]), not both. Computation runs in float32 (float64 inputs stay float64), whatever the
+    input dtype. The stats dict holds detached tensors: (B, T) ``kl`` (the per-token divergence estimate ``S`` at the
+    token-level ratios, see [`token_kl`]), ``is_low_clipped``, ``is_high_clipped``, ``is_dual_clipped`` and
+    ``importance_weight`` (``w``), and (B,) ``sequence_kl`` (the whole-completion estimate, [`sequence_kl`]).
 
     ``reward_mask`` ((B, T), optional) multiplies the reward term only: it is for credit-assignment filters such as
     TRL's top-entropy and off-policy masks, which choose the tokens whose reward signal counts, while the KL
     regulariser keeps acting on every token (as TRL adds ``β·KL`` after its masks).
     """
+    spec = _resolve_spec(spec, spec_fields)
     active = mask > 0
-    ratios = importance_ratios(logps, old_logps, ref_logps, active, importance_sampling_level)
+    ratios = importance_ratios(logps, old_logps, ref_logps, active, spec.importance_sampling_level)
     dtype = ratios.w.dtype
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
     adv = advantages.to(dtype)  # (B, 1) or (B, T); masked positions are zeroed at the end
-    regions = clip_regions(ratios.w, adv, active, epsilon_low, epsilon_high, clip_c)
-    common = dict(
-        divergence=divergence,
-        beta=beta,
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        kl_importance_weight=kl_importance_weight,
-    )
-    if estimator == "differentiable":
-        reward_loss, kl_loss = differentiable_per_token_loss(
-            ratios, adv, regions if clip else None, clip_c=clip_c, **common
-        )
-    else:
-        reward_loss, kl_loss = reinforce_per_token_loss(ratios, adv, regions if clip else None, **common)
+    regions = clip_regions(ratios.w, adv, active, spec.epsilon_low, spec.epsilon_high, spec.clip_c)
+    reward_loss, kl_loss = ESTIMATOR_FUNCTIONS[spec.estimator](ratios, adv, regions, spec)
     if reward_mask is not None:
         reward_loss = reward_loss * reward_mask.to(dtype)
     per_token_loss = reward_loss + kl_loss
     per_token_loss = torch.where(active, per_token_loss, torch.zeros((), dtype=dtype, device=per_token_loss.device))
     stats = {
-        "kl": token_kl(ratios, divergence, kl_importance_weight),
+        "kl": token_kl(ratios, spec),
+        "sequence_kl": sequence_kl(ratios, spec, active.to(dtype)),
         "is_low_clipped": regions.low.to(dtype),
         "is_high_clipped": regions.high.to(dtype),
         "is_dual_clipped": regions.dual.to(dtype),
@@ -455,25 +610,30 @@ def rpg_per_token_loss(
     return per_token_loss, stats
 
 
+def _resolve_spec(spec: RPGLossSpec | None, spec_fields: dict) -> RPGLossSpec:
+    if spec is None:
+        return RPGLossSpec.from_kwargs(**spec_fields)
+    if not isinstance(spec, RPGLossSpec):
+        raise TypeError(f"`spec` must be an RPGLossSpec; got {type(spec).__name__}.")
+    if spec_fields:
+        raise TypeError(
+            f"Pass the loss either as `spec` or as keyword arguments, not both; got spec and {sorted(spec_fields)} "
+            "(use `spec.replace(...)` to change a field)."
+        )
+    return spec
+
+
 def rpg_loss(
     logps: torch.Tensor,
     old_logps: torch.Tensor,
     advantages: torch.Tensor,
     mask: torch.Tensor,
+    spec: RPGLossSpec | None = None,
     *,
     ref_logps: torch.Tensor | None = None,
-    divergence: str = "urkl",
-    estimator: str = "reinforce",
-    beta: float = 1e-4,
-    clip: bool = True,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.28,
-    clip_c: float = 10.0,
-    aggregation: str = "token-mean",
-    importance_sampling_level: str = "token",
-    kl_importance_weight: bool = True,
     num_items: float | torch.Tensor | None = None,
     max_length: int | None = None,
+    **spec_fields,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Regularized Policy Gradient loss (paper Sec. 3-4; module docstring).
 
@@ -485,79 +645,52 @@ def rpg_loss(
     (Table 2, Appendix F, Eq. 4.1). ``clip=True`` applies RPG-Style Clip (Sec. 3.3, Algorithms 1 and 2): the reward
     term gets no gradient for ``A > 0, w > 1 + ε_high`` nor for ``A < 0`` with ``w < 1 − ε_low`` or ``w > c``, and the
     KL term's gradient is evaluated at the clipped weight ``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` (Remark F.2), so that
-    both estimators give ``W = [w·A if active] − β·K(w̄, r)`` on every token.
+    both estimators give ``W = [w·A if active] − β·K(w̄, r)`` on every token. ``kl_level="sequence"`` replaces the
+    KL part by the exact gradient of the divergence between whole completions (``docs/design.md``).
 
     Args:
         logps (`torch.Tensor` of shape `(B, T)`): ``log π_θ`` of the completion tokens, differentiable.
         old_logps (`torch.Tensor` of shape `(B, T)`): ``log π_old`` of the sampling policy (treated as constant).
         advantages (`torch.Tensor` of shape `(B,)` or `(B, T)`): advantages ``A = R − baseline``.
         mask (`torch.Tensor` of shape `(B, T)`): 1 for completion tokens that count, 0 for padding.
+        spec ([`RPGLossSpec`], *optional*): the loss; or give its fields as keyword arguments:
+            ``divergence`` (default ``"urkl"``: ``"fkl"``, ``"ufkl"``, ``"rkl"`` or ``"urkl"``, module table),
+            ``estimator`` (``"reinforce"`` or ``"differentiable"``), ``beta`` (``1e-4``, paper Appendix H, ``>= 0``),
+            ``clip`` (``True``: RPG-Style Clip), ``epsilon_low`` (``0.2``, in ``[0, 1)``), ``epsilon_high``
+            (``0.28``), ``clip_c`` (``10.0``, the dual-clip bound ``c > 1``), ``aggregation`` (``"token-mean"``, the
+            paper's, or ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"``, ``"seq-mean-token-sum-norm"``; see
+            [`aggregate_loss`]), ``importance_sampling_level`` (``"token"``, or ``"sequence"``: the sequence's
+            geometric-mean ratio for all its tokens, GSPO-style; Proposition 4.1 holds for token-level weights only),
+            ``kl_importance_weight`` (``True``; ``False`` is GRPO's *uncorrected* k3 penalty without the importance
+            weight, the biased baseline of the KL-weighting ablation, Sec. 2.2, only with ``divergence="urkl"``: its
+            value estimates the reverse KL but its expected gradient is that of the forward KL(π_ref‖π_θ),
+            docs/bench_optimum.md) and ``kl_level`` (``"token"``: each token's KL term weighted by its own ratio, the
+            paper's code and every peer; ``"sequence"``: the exact gradient of the KL between whole completions,
+            exact under ``aggregation="seq-mean-token-sum"``).
         ref_logps (`torch.Tensor` of shape `(B, T)`, *optional*): ``log π_ref`` of the KL anchor. ``None`` anchors
             the KL to the sampling policy (``π_ref = π_old``, the paper's runs), which needs no reference model.
-        divergence (`str`, defaults to `"urkl"`): ``"fkl"``, ``"ufkl"``, ``"rkl"`` or ``"urkl"`` (module table).
-        estimator (`str`, defaults to `"reinforce"`): ``"reinforce"`` or ``"differentiable"``.
-        beta (`float`, defaults to `1e-4`): KL coefficient β (paper Appendix H), ``>= 0``.
-        clip (`bool`, defaults to `True`): apply RPG-Style Clip (dual clip).
-        epsilon_low (`float`, defaults to `0.2`): ε_1, lower clip ``1 − ε_low``, in ``[0, 1)``.
-        epsilon_high (`float`, defaults to `0.28`): ε_2, upper clip ``1 + ε_high``, ``>= 0``.
-        clip_c (`float`, defaults to `10.0`): dual-clip bound ``c > 1`` for negative advantages.
-        aggregation (`str`, defaults to `"token-mean"`): ``"token-mean"`` (the paper's), ``"seq-mean-token-mean"``,
-            ``"seq-mean-token-sum"`` or ``"seq-mean-token-sum-norm"`` (see [`aggregate_loss`]).
-        importance_sampling_level (`str`, defaults to `"token"`): ``"token"`` weights each token by its own ratio;
-            ``"sequence"`` uses the sequence's geometric-mean ratio for all its tokens (GSPO-style). Proposition 4.1
-            holds for token-level weights only.
-        kl_importance_weight (`bool`, defaults to `True`): ``False`` replaces the KL term by GRPO's *uncorrected*
-            k3 penalty ``β·k3(π_ref/π_θ)`` without the importance weight ``w``: the biased baseline of the paper's
-            KL-weighting ablation (Sec. 2.2), only valid with ``divergence="urkl"``. Its value estimates the reverse
-            KL, but its expected gradient is that of the forward KL(π_ref‖π_θ), on-policy too: per sample
-            ``∇k3 = (1 − π_ref/π_θ)·∇log π_θ``, whose mean under π_θ is ``−Σ π_ref·∇log π_θ`` (docs/bench_optimum.md).
         num_items (`float` or `torch.Tensor`, *optional*): token-mean normaliser to use instead of ``mask.sum()``.
         max_length (`int`, *optional*): the length ``L`` of ``"seq-mean-token-sum-norm"`` (``Σ/(B·L)``); defaults to
             ``T``, the padded length of ``logps``.
 
     Returns:
-        `tuple[torch.Tensor, dict[str, torch.Tensor]]`: the scalar float32 loss and detached metrics: ``kl`` (mean
-        divergence estimate to the anchor), ``clip_ratio/low_mean``, ``clip_ratio/high_mean``,
-        ``clip_ratio/dual_mean``, ``clip_ratio/region_mean`` (fractions of active tokens),
-        ``importance_weight/mean``, ``importance_weight/max``, ``importance_weight/min`` and ``num_tokens``.
+        `tuple[torch.Tensor, dict[str, torch.Tensor]]`: the scalar loss and detached metrics: ``kl`` (mean per-token
+        divergence estimate to the anchor), ``kl/sequence`` (mean over completions of the whole-completion estimate),
+        ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/dual_mean``, ``clip_ratio/region_mean``
+        (fractions of active tokens), ``importance_weight/mean``, ``importance_weight/max``, ``importance_weight/min``
+        and ``num_tokens``.
 
     Raises:
-        ValueError: unknown ``divergence``/``estimator``/``aggregation``, negative ``beta`` or epsilons,
-            ``clip_c <= 1``, mismatched shapes. An all-zero mask is not an error: it gives a zero loss that still
-            backpropagates (zero gradients).
+        ValueError: an invalid field of the specification (unknown ``divergence``/``estimator``/``aggregation``,
+            negative ``beta`` or epsilons, ``clip_c <= 1``, ...), mismatched shapes. An all-zero mask is not an
+            error: it gives a zero loss that still backpropagates (zero gradients).
+        TypeError: an unknown keyword argument, or both `spec` and keyword fields.
     """
-    validate_rpg_hyperparameters(
-        divergence=divergence,
-        estimator=estimator,
-        beta=beta,
-        clip=clip,
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        clip_c=clip_c,
-        aggregation=aggregation,
-        importance_sampling_level=importance_sampling_level,
-        kl_importance_weight=kl_importance_weight,
-    )
+    spec = _resolve_spec(spec, spec_fields)
     _check_shapes(logps, old_logps, advantages, mask, ref_logps)
-
-    per_token_loss, stats = rpg_per_token_loss(
-        logps,
-        old_logps,
-        advantages,
-        mask,
-        ref_logps=ref_logps,
-        divergence=divergence,
-        estimator=estimator,
-        beta=beta,
-        clip=clip,
-        epsilon_low=epsilon_low,
-        epsilon_high=epsilon_high,
-        clip_c=clip_c,
-        importance_sampling_level=importance_sampling_level,
-        kl_importance_weight=kl_importance_weight,
-    )
+    per_token_loss, stats = rpg_per_token_loss(logps, old_logps, advantages, mask, spec, ref_logps=ref_logps)
     fmask = (mask > 0).to(per_token_loss.dtype)
-    loss = aggregate_loss(per_token_loss, fmask, aggregation, num_items, max_length)
+    loss = aggregate_loss(per_token_loss, fmask, spec.aggregation, num_items, max_length)
     return loss, summarize_stats(stats, fmask)
 
 
@@ -583,6 +716,10 @@ def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[
         metrics["importance_weight/max"] = torch.where(has_tokens, w_max, nan)
         metrics["importance_weight/min"] = torch.where(has_tokens, w_min, nan)
         metrics["num_tokens"] = num_tokens
+        # Mean over the completions that have tokens of the whole-completion divergence estimate.
+        has_sequence = mask.sum(-1) > 0
+        metrics["kl/sequence"] = (stats["sequence_kl"] * has_sequence).sum() / has_sequence.sum().clamp(min=1)
+        metrics["num_sequences"] = has_sequence.sum().to(w.dtype)
         return metrics
 
 

@@ -12,7 +12,7 @@ from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 from .callbacks import RefModelSyncCallback
 from .config import RPGConfig
 from .dynamic_sampling import DynamicSamplingMixin
-from .losses import PAPER_NAMES, aggregate_loss, rpg_per_token_loss, summarize_stats
+from .losses import aggregate_loss, rpg_per_token_loss, summarize_stats
 from .reliability import ImportanceWeightMonitor, ReliabilityMixin
 
 
@@ -62,6 +62,8 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
                 f"`args` must be an `RPGConfig` (a subclass of `GRPOConfig` with RPG's fields); got "
                 f"{type(args).__name__}. Replace `GRPOConfig(...)` by `RPGConfig(...)`."
             )
+        #: The RPG loss (divergence, estimator, β, clip, levels), built once from `args`.
+        self.loss_spec = args.rpg_loss_spec()
         rpg_beta = args.beta
         # GRPOTrainer creates a reference model (and scores the batch with it) iff `beta != 0`. With the sampling
         # policy as KL anchor RPG needs none, so the parent is built as if beta were 0.
@@ -70,17 +72,20 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
         # `sync_ref_model` is served by RPG's RefModelSyncCallback (installed below, PEFT included), not by TRL's.
         sync_ref_model, args.sync_ref_model = args.sync_ref_model, False
         # The variant's tag goes on the model too (GRPOTrainer adds `_tag_names` to the model in its __init__).
-        self._tag_names = [*type(self)._tag_names, PAPER_NAMES[(args.divergence, args.estimator)].lower()]
+        self._tag_names = [*type(self)._tag_names, self.loss_spec.paper_name.lower()]
         try:
             super().__init__(model, reward_funcs, args=args, **kwargs)
         finally:
             args.beta = rpg_beta
             args.sync_ref_model = sync_ref_model
-        #: KL coefficient of the RPG loss (`self.beta` keeps the parent's meaning: "reference log-probs needed").
-        self.rpg_beta = rpg_beta
         self._importance_weight_monitor = ImportanceWeightMonitor(args.importance_weight_warning_threshold)
         #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
         self.ref_sync_callback = RefModelSyncCallback.install(self)
+
+    @property
+    def rpg_beta(self) -> float:
+        """KL coefficient of the RPG loss (`self.beta` keeps the parent's meaning: "reference log-probs needed")."""
+        return self.loss_spec.beta
 
     def _compute_loss(self, model, inputs):
         args: RPGConfig = self.args
@@ -139,16 +144,8 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
             old_per_token_logps,
             advantages,
             mask,
+            self.loss_spec,
             ref_logps=ref_per_token_logps,
-            divergence=args.divergence,
-            estimator=args.estimator,
-            beta=self.rpg_beta,
-            clip=args.rpg_clip,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            clip_c=args.clip_c,
-            importance_sampling_level=self.importance_sampling_level,
-            kl_importance_weight=args.kl_importance_weight,
             reward_mask=reward_mask,
         )
         if self.use_vllm and self.vllm_importance_sampling_correction:
@@ -235,13 +232,18 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
         means += ("importance_weight/mean",)
         count = fmask.sum()
         entropy_sum = (entropies.detach().to(torch.float32) * fmask).sum()
-        totals = torch.stack([*(local[k] * count for k in means), entropy_sum, count])
+        sequences = local["num_sequences"]
+        totals = torch.stack(
+            [*(local[k] * count for k in means), entropy_sum, local["kl/sequence"] * sequences, sequences, count]
+        )
         totals = self.accelerator.reduce(totals, reduction="sum")
         self._observe_reference_kl(mode, totals[0], totals[-1])
         global_count = totals[-1].clamp(min=1.0)
         for i, key in enumerate(means):
             self._metrics[mode][key].append((totals[i] / global_count).item())
         self._metrics[mode]["entropy"].append((totals[len(means)] / global_count).item())
+        # The whole-completion divergence estimate, averaged over the completions of all processes.
+        self._metrics[mode]["kl/sequence"].append((totals[-3] / totals[-2].clamp(min=1.0)).item())
         # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
         # the largest of high-clipped tokens over the batch (NaN-free over empty sequences).
         lengths = fmask.sum(-1)

@@ -12,6 +12,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollou
 from trl.experimental.async_grpo.packing import TreeRow
 
 from rpg_trl.async_rpg.local import LocalRolloutWorker, LocalWeightTransfer
+from rpg_trl.toy import no_activation_checkpointing
 
 
 #: "a+b=" prompts with their sum, covered by the character tokenizer of `rpg_trl.toy`.
@@ -46,7 +47,7 @@ def async_args(output_dir, **overrides) -> dict:
         "max_steps": 2,
         "use_cpu": True,
         "bf16": False,
-        "activation_checkpointing": False,
+        **no_activation_checkpointing(),
         "report_to": "none",
         "save_strategy": "no",
         "logging_steps": 1,

@@ -62,6 +62,7 @@ def test_config_has_rpg_loss_fields_with_paper_defaults(tmp_path):
         ({"kl_anchor": "reference", "beta": 0.0}, "beta > 0"),
         ({"kl_anchor": "initial"}, "kl_anchor"),
         ({"kl_importance_weight": False, "divergence": "fkl"}, "kl_importance_weight"),
+        ({"kl_level": "sequence"}, "kl_level='sequence'` is not available with AsyncRPGTrainer"),
     ],
 )
 def test_config_refuses_bad_values(tmp_path, overrides, match):
@@ -160,7 +161,7 @@ def test_packed_loss_equals_rpg_loss_of_a_plain_forward(rpg_and_batch, tiny_mode
     """The packed, tree-attention loss (β = 0.3, clip on) equals `rpg_loss` on the padded batch of a plain SDPA
     forward of the same model, in value and gradient, for every divergence × estimator."""
     trainer, (samples, old, mask, batch) = rpg_and_batch
-    trainer.args.divergence, trainer.args.estimator = divergence, estimator
+    trainer.loss_spec = trainer.loss_spec.replace(divergence=divergence, estimator=estimator)
     trainer.model.zero_grad()
     loss = trainer.compute_loss(trainer.model, dict(batch))
     loss.backward()

@@ -14,7 +14,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from rpg_trl import RPGConfig, RPGTrainer, cli
 from rpg_trl.cli import bench_algos, plot
-from rpg_trl.toy import build_char_tokenizer, build_tiny_qwen3, curves
+from rpg_trl.toy import build_char_tokenizer, build_tiny_qwen3, curves, no_activation_checkpointing
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -119,7 +119,7 @@ def tiny_runs(tmp_path_factory):
         "learning_rate": 1e-3,
         "use_cpu": True,
         "bf16": False,
-        "activation_checkpointing": False,
+        **no_activation_checkpointing(),
         "report_to": "none",
         "disable_tqdm": True,
         "seed": 0,

@@ -1,5 +1,6 @@
 """Tests of `rpg_trl.losses`: every expected value comes from the paper's closed forms, computed here in float64."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -8,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss
+from rpg_trl.losses import DIVERGENCES, ESTIMATORS, KL_LEVELS, rpg_loss, rpg_per_token_loss
 
 
 B, T = 3, 5
@@ -381,3 +382,237 @@ def test_property_finite_for_any_finite_input(
         if mask.sum() > 0 or key in ("kl", "num_tokens") or "clip_ratio" in key or key == "importance_weight/mean":
             assert torch.isfinite(value), key
         assert not value.requires_grad
+
+
+# ================================================================================ the loss specification
+def test_paper_names_are_the_papers():
+    # Tables 1-4 of the paper, written out by hand.
+    from rpg_trl.losses import PAPER_NAMES
+
+    assert sorted(PAPER_NAMES.values()) == sorted(
+        ["RPG-FKL", "RPG-UFKL", "RPG-RKL", "RPG-URKL"]
+        + ["RPG-REINFORCE-FKL", "RPG-REINFORCE-UFKL", "RPG-REINFORCE-RKL", "RPG-REINFORCE-URKL"]
+    )
+    assert (
+        PAPER_NAMES[("urkl", "reinforce")] == "RPG-REINFORCE-URKL"
+        and PAPER_NAMES[("fkl", "differentiable")] == "RPG-FKL"
+    )
+
+
+def test_a_spec_and_its_keyword_arguments_give_the_same_loss():
+    from rpg_trl.losses import RPGLossSpec
+
+    lp, old, ref, adv, mask = make_inputs(seed=3, spread=0.6, with_ref=True)
+    fields = dict(
+        divergence="rkl", estimator="differentiable", beta=BETA, clip_c=3.0, aggregation="seq-mean-token-sum"
+    )
+    loss_kw, grad_kw, _ = grad_of(lp, old, ref, adv, mask, **fields)
+    loss_spec, grad_spec, _ = grad_of(lp, old, ref, adv, mask, spec=RPGLossSpec(**fields))
+    assert loss_kw.item() == loss_spec.item()
+    np.testing.assert_array_equal(grad_kw, grad_spec)
+
+
+def test_spec_and_keywords_together_or_unknown_keywords_are_refused():
+    from rpg_trl.losses import RPGLossSpec
+
+    lp, old, _, adv, mask = make_inputs()
+    args = (torch.tensor(lp), torch.tensor(old), torch.tensor(adv), torch.tensor(mask))
+    with pytest.raises(TypeError, match="not both"):
+        rpg_loss(*args, RPGLossSpec(), beta=0.1)
+    with pytest.raises(TypeError, match="divergance"):
+        rpg_loss(*args, divergance="fkl")
+    with pytest.raises(ValueError, match="`kl_level` must be one of 'token', 'sequence'"):
+        RPGLossSpec(kl_level="prefix")
+    with pytest.raises(ValueError, match="kl_level='token' with it"):
+        RPGLossSpec(kl_level="sequence", kl_importance_weight=False)
+    with pytest.raises(ValueError, match="importance_sampling_level='token' with kl_level='sequence'"):
+        RPGLossSpec(kl_level="sequence", importance_sampling_level="sequence")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RPGLossSpec().beta = 1.0
+
+
+# ================================================================================ kl_level="sequence"
+def sequence_K(divergence, lp, old, ref, mask, clip=None):
+    """K_t of the exact gradient of the divergence between whole completions (docs/design.md), float64 numpy, from the
+    prefix products W≤t = Π_{s≤t} w_s and R≤t: fkl −R≤t, ufkl W≤t − R≤t, rkl Σ_{t'≥t} W≤t'·log ρ_t' + W≤t, urkl the
+    same without W≤t. `clip` = (ε_low, ε_high) clips W≤t and the w_t of log ρ_t."""
+    log_w = (lp - old) * mask
+    log_r = np.zeros_like(log_w) if ref is None else (ref - old) * mask
+    W, R = np.exp(np.cumsum(log_w, -1)), np.exp(np.cumsum(log_r, -1))
+    if clip is not None:  # the prefix ratios and the token ratios of log ρ_t, in the trust region
+        W = np.clip(W, 1 - clip[0], 1 + clip[1])
+        log_w = np.clip(log_w, np.log(1 - clip[0]), np.log(1 + clip[1]))
+    to_go = np.cumsum((W * (log_w - log_r))[:, ::-1], -1)[:, ::-1]
+    return {"fkl": -R, "ufkl": W - R, "rkl": to_go + W, "urkl": to_go}[divergence]
+
+
+@pytest.mark.parametrize("with_ref", [False, True], ids=["ref=old", "separate-ref"])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_sequence_level_gradient_is_the_prefix_weight(divergence, estimator, with_ref):
+    lp, old, ref, adv, mask = make_inputs(seed=11, spread=0.4, with_ref=with_ref)
+    kw = dict(divergence=divergence, estimator=estimator, beta=BETA, clip=False, kl_level="sequence")
+    _, grad, _ = grad_of(lp, old, ref, adv, mask, aggregation="seq-mean-token-sum", **kw)
+    w = np.exp(lp - old)
+    expected = -mask * (w * adv[:, None] - BETA * sequence_K(divergence, lp, old, ref, mask)) / B
+    np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("with_ref", [False, True], ids=["ref=old", "separate-ref"])
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_sequence_level_clip_bounds_the_prefix_ratio_for_both_estimators(divergence, with_ref):
+    # Prefix ratios far outside the trust region: W≤t is clipped to [0.8, 1.28] in the KL weight, and both estimators
+    # give that gradient (the differentiable one in straight-through form), while the reward term is RPG-Style Clip's.
+    lp, old, ref, adv, mask = make_inputs(seed=12, spread=1.5, with_ref=with_ref)
+    kw = dict(divergence=divergence, beta=BETA, clip=True, kl_level="sequence", aggregation="seq-mean-token-sum")
+    grads = [grad_of(lp, old, ref, adv, mask, estimator=e, **kw)[1] for e in ESTIMATORS]
+    np.testing.assert_allclose(grads[0], grads[1], rtol=1e-10, atol=1e-12)
+    _, reward_only, _ = grad_of(lp, old, ref, adv, mask, estimator="reinforce", **{**kw, "beta": 0.0})
+    K = sequence_K(divergence, lp, old, ref, mask, clip=(0.2, 0.28))
+    np.testing.assert_allclose(grads[0] - reward_only, -mask * (-BETA * K) / B, rtol=1e-10, atol=1e-12)
+    log_W = np.cumsum((lp - old) * mask, -1)
+    assert (np.abs(log_W) > 0.5).any()  # the clip acts on this batch
+
+
+@pytest.mark.parametrize("clip", [False, True])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_one_token_completions_have_one_kl_level(divergence, estimator, clip):
+    g = np.random.default_rng(13)
+    old = -g.uniform(0.5, 3.0, size=(6, 1))
+    lp, ref = old + g.uniform(-1.0, 1.0, size=(6, 1)), old + g.uniform(-1.0, 1.0, size=(6, 1))
+    adv, mask = g.normal(size=6), np.ones((6, 1))
+    kw = dict(divergence=divergence, estimator=estimator, beta=BETA, clip=clip)
+    token = grad_of(lp, old, ref, adv, mask, **kw)
+    sequence = grad_of(lp, old, ref, adv, mask, kl_level="sequence", **kw)
+    assert token[0].item() == pytest.approx(sequence[0].item(), rel=1e-12)
+    np.testing.assert_allclose(token[1], sequence[1], rtol=1e-12, atol=1e-14)
+    assert float(token[2]["kl/sequence"]) == pytest.approx(float(token[2]["kl"]), rel=1e-12)
+
+
+# A tabular autoregressive policy over the vocabulary {a, b, EOS}, completions of at most 3 tokens: every completion
+# is enumerated with its probability, so expectations and the sequence-level divergences are exact.
+VOCAB, EOS, LENGTH = 3, 2, 3
+
+
+def completions():
+    """Every completion: those that end with EOS at positions 1..3 and those that reach LENGTH without it."""
+    out = []
+
+    def grow(prefix):
+        for token in range(VOCAB):
+            y = prefix + (token,)
+            if token == EOS or len(y) == LENGTH:
+                out.append(y)
+            else:
+                grow(y)
+
+    grow(())
+    return out
+
+
+def prefixes():
+    """The prefixes that choose a next token (not ended by EOS, shorter than LENGTH), indexed."""
+    keys = sorted({y[:t] for y in completions() for t in range(len(y))}, key=lambda p: (len(p), p))
+    return {p: i for i, p in enumerate(keys)}
+
+
+def token_logps(logits, ys, index):
+    """(N, LENGTH) log π(y_t | y_<t) of completions `ys` under the logits table, 0 beyond each completion's end."""
+    table = torch.log_softmax(logits, -1)
+    rows = []
+    for y in ys:
+        row = [table[index[y[:t]], y[t]] for t in range(len(y))]
+        rows.append(torch.stack(row + [torch.zeros((), dtype=table.dtype)] * (LENGTH - len(y))))
+    return torch.stack(rows)
+
+
+def random_logits(seed, scale):
+    return torch.tensor(np.random.default_rng(seed).normal(scale=scale, size=(len(prefixes()), VOCAB)))
+
+
+@pytest.mark.parametrize("anchor", ["sampling", "reference"])
+@pytest.mark.parametrize("policy", ["on-policy", "off-policy"])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_sequence_level_gradient_equals_finite_differences_of_the_enumerated_divergence(
+    divergence, estimator, policy, anchor
+):
+    """E_{y∼π_old}[∇ loss(y)] with kl_level="sequence" (A = 0, so only the KL acts, unclipped) equals the gradient of
+    β·D(π_θ, π_ref) between whole completions, D computed by enumeration and differentiated by central finite
+    differences, float64: on- and off-policy, with a separate reference and with the sampling policy as the anchor."""
+    ys, index = completions(), prefixes()
+    theta = random_logits(0, 1.0)
+    old_logits = theta.clone() if policy == "on-policy" else random_logits(1, 1.0)
+    ref_logits = random_logits(2, 1.0) if anchor == "reference" else old_logits
+    mask = torch.tensor([[1.0] * len(y) + [0.0] * (LENGTH - len(y)) for y in ys], dtype=torch.float64)
+    old_lp, ref_lp = token_logps(old_logits, ys, index), token_logps(ref_logits, ys, index)
+    p_old = torch.exp((old_lp * mask).sum(-1))
+
+    z = theta.clone().requires_grad_(True)
+    per_token, _ = rpg_per_token_loss(
+        token_logps(z, ys, index),
+        old_lp,
+        torch.zeros(len(ys), dtype=torch.float64),
+        mask,
+        ref_logps=None if anchor == "sampling" else ref_lp,
+        divergence=divergence,
+        estimator=estimator,
+        beta=BETA,
+        clip=False,
+        kl_level="sequence",
+    )
+    (p_old * per_token.sum(-1)).sum().backward()
+
+    def divergence_of(logits):
+        log_p = (token_logps(logits, ys, index) * mask).sum(-1)
+        log_q = (ref_lp * mask).sum(-1)
+        if divergence in ("fkl", "ufkl"):  # UKL = KL between normalised distributions
+            return (torch.exp(log_q) * (log_q - log_p)).sum()
+        return (torch.exp(log_p) * (log_p - log_q)).sum()
+
+    h = 1e-6
+    expected = torch.zeros_like(theta)
+    for i in range(theta.numel()):
+        step = torch.zeros(theta.numel(), dtype=torch.float64)
+        step[i] = h
+        step = step.view_as(theta)
+        expected.view(-1)[i] = BETA * (divergence_of(theta + step) - divergence_of(theta - step)) / (2 * h)
+    if policy == "off-policy" or anchor == "reference":
+        assert expected.abs().max() > 1e-3  # the divergence has a gradient here (else π_θ = π_ref: zero)
+    np.testing.assert_allclose(z.grad.numpy(), expected.numpy(), rtol=1e-6, atol=1e-9)
+
+
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_token_level_gradient_is_not_the_sequence_divergence_gradient_off_policy(divergence):
+    # The reason for kl_level="sequence": on three-token completions the per-token weights are another vector field.
+    ys, index = completions(), prefixes()
+    theta, old_logits, ref_logits = random_logits(0, 1.0), random_logits(1, 1.0), random_logits(2, 1.0)
+    mask = torch.tensor([[1.0] * len(y) + [0.0] * (LENGTH - len(y)) for y in ys], dtype=torch.float64)
+    old_lp, ref_lp = token_logps(old_logits, ys, index), token_logps(ref_logits, ys, index)
+    p_old = torch.exp((old_lp * mask).sum(-1))
+    grads = []
+    for level in KL_LEVELS:
+        z = theta.clone().requires_grad_(True)
+        per_token, _ = rpg_per_token_loss(
+            token_logps(z, ys, index), old_lp, torch.zeros(len(ys), dtype=torch.float64), mask,
+            ref_logps=ref_lp, divergence=divergence, beta=BETA, clip=False, kl_level=level,
+        )  # fmt: skip
+        (p_old * per_token.sum(-1)).sum().backward()
+        grads.append(z.grad)
+    assert (grads[0] - grads[1]).norm() > 0.05 * grads[1].norm()
+
+
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_sequence_kl_metric_is_the_estimate_at_whole_completion_ratios(divergence):
+    lp, old, ref, adv, mask = make_inputs(seed=14, spread=0.3, with_ref=True)
+    _, _, metrics = grad_of(lp, old, ref, adv, mask, divergence=divergence, beta=BETA)
+    log_W, log_R = ((lp - old) * mask).sum(-1), ((ref - old) * mask).sum(-1)
+    W, R = np.exp(log_W), np.exp(log_R)
+    per_completion = {
+        "fkl": R * (log_R - log_W),
+        "ufkl": R * (log_R - log_W) - R + W,
+        "rkl": W * (log_W - log_R),
+        "urkl": W * (log_W - log_R) - W + R,
+    }[divergence]
+    assert float(metrics["kl/sequence"]) == pytest.approx(per_completion.mean(), rel=1e-10)

@@ -29,6 +29,49 @@ def test_every_variant_trains_with_finite_loss(tiny_model_dir, tmp_path, diverge
         assert max(logged(trainer, "importance_weight/max")) > 1.0
 
 
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_sequence_level_kl_trains_and_logs_both_kl_estimates(tiny_model_dir, tmp_path, estimator):
+    # The exact sequence-level KL (kl_level="sequence") toward a reference, off-policy after the first step.
+    trainer = make_trainer(
+        tiny_model_dir,
+        tmp_path,
+        kl_level="sequence",
+        loss_type="luspo",
+        kl_anchor="reference",
+        beta=0.1,
+        estimator=estimator,
+        steps_per_generation=2,
+        max_steps=4,
+    )
+    assert trainer.loss_spec.kl_level == "sequence" and trainer.loss_spec.aggregation == "seq-mean-token-sum"
+    trainer.train()
+    assert all(math.isfinite(x) for x in logged(trainer, "loss"))
+    token_kl, sequence_kl = logged(trainer, "kl"), logged(trainer, "kl/sequence")
+    assert len(sequence_kl) == 4 and all(math.isfinite(x) for x in sequence_kl)
+    # After the first update the policy has left the reference; URKL's estimates are never negative.
+    assert token_kl[-1] > 0 and sequence_kl[-1] > 0
+
+
+def test_sequence_kl_metric_is_the_sum_of_token_terms_on_policy(tiny_model_dir, tmp_path):
+    # On-policy (w = W = 1) the whole-completion estimate is the sum over a completion of the per-token terms.
+    trainer = make_trainer(tiny_model_dir, tmp_path, kl_anchor="reference", beta=0.1, divergence="rkl")
+    inputs = fixed_inputs(trainer, spread=0.3)
+    with torch.no_grad():
+        logps = trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
+            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
+            inputs["completion_ids"].size(1),
+        )[0]
+    inputs["old_per_token_logps"] = logps
+    trainer.model.eval()
+    trainer._compute_loss(trainer.model, inputs)
+    mask = inputs["completion_mask"].double()
+    per_token = logps.double() - inputs["ref_per_token_logps"].double()  # log ρ_t, the rkl term at W = 1
+    expected = ((per_token * mask).sum(-1)).mean().item()
+    assert trainer._metrics["eval"]["kl/sequence"][-1] == pytest.approx(expected, rel=1e-5)
+
+
 def test_mean_reward_rises(tiny_model_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path, max_steps=20, logging_steps=5, steps_per_generation=2)
     trainer.train()

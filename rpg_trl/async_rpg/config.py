@@ -19,8 +19,9 @@ class AsyncRPGConfig(RPGLossArguments, AsyncGRPOConfig):
     `max_staleness`, `token_budget`, ...) plus RPG's loss fields, declared once in [`rpg_trl.config.RPGLossArguments`]
     and shared with [`RPGConfig`] (same names, defaults and checks): `divergence` (default `"urkl"`), `estimator`
     (`"reinforce"`), `rpg_clip` (`True`), `clip_c` (`10.0`), `kl_anchor` (`None` → `"sampling"`),
-    `kl_importance_weight` (`True`), `beta` (`1e-4`), `epsilon_high` (`0.28`) and
-    `importance_weight_warning_threshold` (`100`); `epsilon` (`0.2`) is TRL's. Paper Sec. 3-5 and Appendix H.
+    `kl_importance_weight` (`True`), `kl_level` (`"token"`, the only level here), `beta` (`1e-4`), `epsilon_high`
+    (`0.28`) and `importance_weight_warning_threshold` (`100`); `epsilon` (`0.2`) is TRL's. Paper Sec. 3-5 and
+    Appendix H.
 
     In the asynchronous setting π_old, the policy that sampled a rollout, is the (stale) policy version whose
     log-probabilities the rollout sample carries, and the default KL anchor is that policy (`kl_anchor="sampling"`,
@@ -31,5 +32,11 @@ class AsyncRPGConfig(RPGLossArguments, AsyncGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        self.check_rpg_loss_arguments(aggregation="token-mean", importance_sampling_level="token")
+        self.check_rpg_loss_arguments()
+        if self.kl_level != "token":
+            raise ValueError(
+                f"`kl_level={self.kl_level!r}` is not available with AsyncRPGTrainer: its loss sees one packed row of "
+                "trained tokens per micro-batch, and the exact sequence-level KL needs each completion's prefix ratios "
+                "in order. Use kl_level='token' here, or RPGTrainer for kl_level='sequence'."
+            )
         self.check_kl_anchor(reference_requested=False)

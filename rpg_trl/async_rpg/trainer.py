@@ -12,7 +12,7 @@ from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollou
 from trl.experimental.async_grpo.packing import TREE_ATTENTION
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, nanmax, nanmin, pad
 
-from ..losses import PAPER_NAMES, aggregate_loss, rpg_per_token_loss, summarize_stats
+from ..losses import aggregate_loss, rpg_per_token_loss, summarize_stats
 from ..reliability.checks import ImportanceWeightMonitor
 from ..trainer import RPGTrainer
 from .config import AsyncRPGConfig
@@ -102,7 +102,9 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
                 f"`args` must be an `AsyncRPGConfig` (TRL's `AsyncGRPOConfig` with RPG's fields); got "
                 f"{type(args).__name__}.{hint}"
             )
-        self._tag_names = [*type(self)._tag_names, PAPER_NAMES[(args.divergence, args.estimator)].lower()]
+        #: The RPG loss (divergence, estimator, β, clip), built once from `args`.
+        self.loss_spec = args.rpg_loss_spec()
+        self._tag_names = [*type(self)._tag_names, self.loss_spec.paper_name.lower()]
         super().__init__(model, reward_funcs, args=args, **kwargs)
         self._importance_weight_monitor = ImportanceWeightMonitor(args.importance_weight_warning_threshold)
         #: Frozen KL anchor with `kl_anchor="reference"` (None with PEFT: the base model, adapter disabled).
@@ -167,15 +169,8 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
             old_log_probs.unsqueeze(0),
             advantages.unsqueeze(0),
             mask,
+            self.loss_spec,
             ref_logps=None if ref_log_probs is None else ref_log_probs.unsqueeze(0),
-            divergence=args.divergence,
-            estimator=args.estimator,
-            beta=args.beta,
-            clip=args.rpg_clip,
-            epsilon_low=self.epsilon_low,
-            epsilon_high=self.epsilon_high,
-            clip_c=args.clip_c,
-            kl_importance_weight=args.kl_importance_weight,
         )
         # Token mean over the micro-batch (all processes), as AsyncGRPOTrainer: each process divides its sum by the
         # global token count / world size, and DDP/FSDP average the gradients.

@@ -80,6 +80,37 @@ def apply_preset(args, presets: dict, quick: bool) -> None:
             setattr(args, key, list(value) if isinstance(value, list) else value)
 
 
+def machine() -> dict:
+    """Where and when a command's numbers were measured: the CPU, the ATen CPU capability (the kernels PyTorch chose:
+    AVX-512, AVX2 or none; float32 results move with it, docs/guarantees.md), the torch threads, the package
+    versions and the UTC date. Recorded in every command's JSON output."""
+    import platform
+    from datetime import datetime, timezone
+    from importlib.metadata import PackageNotFoundError, version
+
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    versions = {"python": platform.python_version()}
+    for package in ("rpg_trl", "trl", "transformers", "torch"):
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
+    return {
+        "cpu": cpu,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "versions": versions,
+        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def print_report(output_dir: str, seconds: float, written: str) -> None:
     """The end of a benchmark command: its ``table.md`` (from `output_dir`), the total time and what it wrote."""
     from pathlib import Path

@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..toy.curves import mean_std
+from . import machine
 
 
 #: Algorithm name -> (trainer, configuration overrides). "grpo" runs TRL's GRPOTrainer, "rpg" runs RPGTrainer, "rfpp"
@@ -350,6 +351,7 @@ def _run_bench(args: BenchAlgosArguments) -> dict:
         "warm_starts": warm_starts,
         "seconds": time.perf_counter() - start,
         "arguments": asdict(args),
+        "machine": machine(),
         "algorithms": {name: {"trainer": kind, **overrides} for name, (kind, overrides) in ALGORITHMS.items()},
     }
     (output_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -42,6 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..toy.curves import mean_std
+from . import machine
 
 
 #: Method name -> (trainer, configuration overrides). "grpo" runs TRL's AsyncGRPOTrainer, "rpg" AsyncRPGTrainer.
@@ -379,6 +380,7 @@ def _run_bench(args: BenchAsyncArguments) -> dict:
         "warm_starts": warm_starts,
         "seconds": time.perf_counter() - start,
         "arguments": asdict(args),
+        "machine": machine(),
         "methods": {name: {"trainer": kind, **overrides} for name, (kind, overrides) in METHODS.items()},
     }
     (output_dir / "results.json").write_text(json.dumps(report, indent=2) + "\n")

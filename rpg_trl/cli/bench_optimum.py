@@ -44,6 +44,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import machine
+
 
 # ----------------------------------------------------------------------------------------------------------------------
 # Closed-form optima (docs/bench_optimum.md)
@@ -241,11 +243,24 @@ class BenchOptimumArguments:
     eval_every: int = field(default=10, metadata={"help": "Record the distances to the optima every N steps."})
     seed: int = field(default=0, metadata={"help": "Seed of the reference model and of every run."})
     num_threads: int = field(default=1, metadata={"help": "Torch CPU threads."})
+    completion_length: int = field(
+        default=1,
+        metadata={
+            "help": "1 (default): the one-token task. 2 or 3: completions of up to that many tokens, where "
+            "kl_level='token' and kl_level='sequence' differ (rpg_trl.cli.bench_optimum_sequence; variants are then "
+            "named with their level, e.g. 'RPG-REINFORCE-FKL (sequence)')."
+        },
+    )
 
     def __post_init__(self):
+        if self.completion_length not in (1, 2, 3):
+            raise ValueError(f"`completion_length` must be 1, 2 or 3; got {self.completion_length!r}.")
+        known = VARIANTS
+        if self.completion_length > 1:
+            from .bench_optimum_sequence import SEQUENCE_VARIANTS as known
         if self.variants is None:
-            self.variants = list(VARIANTS)
-        for name, given, allowed in (("variants", self.variants, VARIANTS), ("regimes", self.regimes, REGIMES)):
+            self.variants = list(known)
+        for name, given, allowed in (("variants", self.variants, known), ("regimes", self.regimes, REGIMES)):
             unknown = [v for v in given if v not in allowed]
             if unknown or not given:
                 raise ValueError(f"`{name}` must be a non-empty subset of {list(allowed)}; got {given!r}.")
@@ -358,6 +373,8 @@ def token_reward(rewards: list[float]):
 
 
 def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: str):
+    from ..toy.training import no_activation_checkpointing
+
     spec = VARIANTS[variant]
     common = dict(
         output_dir=output_dir,
@@ -380,7 +397,7 @@ def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: 
         seed=args.seed,
         use_cpu=True,
         bf16=False,
-        activation_checkpointing=False,
+        **no_activation_checkpointing(),
         report_to="none",
         save_strategy="no",
         disable_tqdm=True,
@@ -622,6 +639,7 @@ def run_bench(args: BenchOptimumArguments) -> dict:
         "runs": runs,
         "seconds": time.perf_counter() - start,
         "arguments": asdict(args),
+        "machine": machine(),
         "figure": figure,
     }
     output_json = Path(args.output_json) if args.output_json else output_dir / "results.json"
@@ -649,10 +667,15 @@ def run(args) -> int:
     from . import dataclass_arguments, print_report
 
     bench_args = dataclass_arguments(args, BenchOptimumArguments)
-    report = run_bench(bench_args)
+    if bench_args.completion_length > 1:
+        from .bench_optimum_sequence import run_sequence_bench
+
+        report = run_sequence_bench(bench_args)
+    else:
+        report = run_bench(bench_args)
     print_report(
         bench_args.output_dir,
         report["seconds"],
-        f"{bench_args.output_dir}/table.md, bench_optimum.png and {report['output_json']}",
+        f"{bench_args.output_dir}/table.md, {Path(report['figure']).name} and {report['output_json']}",
     )
     return 0

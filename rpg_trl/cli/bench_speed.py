@@ -281,6 +281,7 @@ def environment(device: str) -> dict:
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "trl": trl.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
 

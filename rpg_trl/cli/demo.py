@@ -255,9 +255,16 @@ def _run_demo(args: DemoArguments) -> dict:
             "rl": {key: getattr(config, key) for key in SUMMARY_CONFIG_KEYS},
         },
         "versions": _versions(),
+        "machine": _machine(),
     }
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _machine() -> dict:
+    from . import machine
+
+    return machine()
 
 
 def _versions() -> dict:
@@ -285,8 +292,10 @@ def format_summary(summary: dict, output_dir: str) -> str:
         f"Time: {summary['seconds']:.0f} s (warm start {summary['seconds_sft']:.0f} s, {algorithm} "
         f"{summary['seconds_rl']:.0f} s for {summary['steps']} steps)"
     )
+    where = summary.get("machine", {})
+    measured = f"Measured on {where.get('cpu', '?')} (ATen CPU capability {where.get('cpu_capability', '?')})"
     files = f"Wrote {os.path.join(output_dir, 'summary.json')} and {os.path.join(output_dir, 'curves.png')}"
-    return f"{accuracy}\n{greedy}\n{timing}\n{files}"
+    return f"{accuracy}\n{greedy}\n{timing}\n{measured}\n{files}"
 
 
 def add_parser(subparsers):

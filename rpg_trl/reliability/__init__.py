@@ -12,6 +12,8 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 * [`checks`]: datasets without a `prompt` column are refused when the trainer is built; a prompt that, with
   `max_completion_length`, exceeds the model's positions is reported once.
 * [`rpg_trl.reliability.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock.
+* [`rpg_trl.reliability.vllm_server`]: in vLLM server mode, a server that serves another model is refused before
+  training, and a server that stops answering stops the run with an error naming its URL, in bounded time.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from .checks import ImportanceWeightMonitor, check_prompt_column, check_sequence
 from .generation_state import load_generation_state, save_generation_state
 from .reward_guard import RewardFunctionError, RewardGuard
 from .teardown import hold_process_group_until_exit
+from .vllm_server import VLLMServerError, check_server_model, server_errors_named
 
 
 class ReliabilityMixin:
@@ -34,6 +37,12 @@ class ReliabilityMixin:
             check_prompt_column(self.train_dataset, "training")
             check_prompt_column(self.eval_dataset, "evaluation")
         hold_process_group_until_exit()  # a gloo group is destroyed at exit without PyTorch's teardown deadlock
+        check_server_model(self)  # vLLM server mode: the server's model has the trained model's weight shapes
+
+    def _generate_single_turn(self, *args, **kwargs):
+        # vLLM server mode: a dead or failing server is named with its URL (health probe first, bounded time).
+        with server_errors_named(self):
+            return super()._generate_single_turn(*args, **kwargs)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         """TRL's `_calculate_rewards` with each reward function guarded by [`RewardGuard`]."""
@@ -60,6 +69,7 @@ __all__ = [
     "ReliabilityMixin",
     "RewardFunctionError",
     "RewardGuard",
+    "VLLMServerError",
     "check_prompt_column",
     "check_sequence_length",
 ]

@@ -36,6 +36,7 @@ _LAZY = {
     "warm_start": ".warm_start",
     # training
     "cpu_session": ".training",
+    "no_activation_checkpointing": ".training",
     "rl_training_kwargs": ".training",
     "rpg_config": ".training",
     "sft_config": ".training",

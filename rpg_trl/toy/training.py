@@ -40,11 +40,26 @@ def cpu_session(num_threads: int):
             datasets.enable_progress_bars()
 
 
-#: Settings shared by every trainer of the demo and of the benchmarks on the addition task: CPU, fp32, no checkpoints or trackers.
+@functools.cache
+def no_activation_checkpointing() -> dict:
+    """
+    The training argument that turns activation checkpointing off, in the spelling of the installed transformers:
+    `activation_checkpointing` from the release that introduced it (`gradient_checkpointing` is its deprecated alias
+    there), `gradient_checkpointing` before (e.g. 5.17, the newest that vLLM 0.31 accepts).
+    """
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": False}
+
+
+#: Settings shared by every trainer of the demo and of the benchmarks on the addition task: CPU, fp32, no checkpoints or
+#: trackers (and no activation checkpointing: [`no_activation_checkpointing`]).
 CPU_TRAINING_KWARGS = {
     "use_cpu": True,
     "bf16": False,
-    "activation_checkpointing": False,
     "report_to": "none",
     "save_strategy": "no",
     "dataloader_num_workers": 0,
@@ -72,6 +87,7 @@ def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False
         logging_steps=50,
         seed=seed,
         **CPU_TRAINING_KWARGS,
+        **no_activation_checkpointing(),
     )
 
 
@@ -98,6 +114,7 @@ def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float) -> dict:
         "logging_steps": 1,
         "seed": seed,
         **CPU_TRAINING_KWARGS,
+        **no_activation_checkpointing(),
     }
 
 

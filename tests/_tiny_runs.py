@@ -1,11 +1,41 @@
 """What the tests that train a tiny local Qwen3 on CPU share: the prompts and the settings of a short, quiet run."""
 
+import json
+import string
+
 import torch
 from datasets import Dataset
 
 
 #: 100 "a+b=" prompts, all covered by the character tokenizer of `rpg_trl.toy`.
 PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
+
+
+def save_math_assets(root) -> dict:
+    """The inputs of `examples/rpg_math.py` runs, written under the folder `root`: a tiny Qwen3 whose character tokenizer
+    covers the paper's prompt (`model`), 24 "What is a+b?" training problems (`train.jsonl`) and 4 "What is a*2?"
+    evaluation problems (`tiny_eval.jsonl`). Returns their paths by those names (the tiny model answers wrong; fine)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    from rpg_trl.toy import build_char_tokenizer, save_tiny_model
+
+    tokenizer = build_char_tokenizer(string.printable)
+    # One token per character, newlines included (the prompt has blank lines).
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    model = save_tiny_model(root / "model", tokenizer=tokenizer, max_position_embeddings=512)
+    train = root / "train.jsonl"
+    train.write_text(
+        "".join(
+            json.dumps({"problem": f"What is {a}+{b}?", "answer": str(a + b)}) + "\n"
+            for a in range(1, 9)
+            for b in range(1, 4)
+        )
+    )
+    evaluation = root / "tiny_eval.jsonl"
+    evaluation.write_text(
+        "".join(json.dumps({"question": f"What is {a}*2?", "answer": str(2 * a)}) + "\n" for a in range(1, 5))
+    )
+    return {"root": root, "model": model, "train": str(train), "eval": str(evaluation)}
 
 
 def quiet_cpu_args(output_dir, **overrides) -> dict:

@@ -7,14 +7,12 @@ import glob
 import json
 import os
 import socket
-import string
 import subprocess
 import sys
 from pathlib import Path
 from unittest.mock import PropertyMock, patch
 
 import pytest
-from tokenizers import Regex, pre_tokenizers
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,26 +39,9 @@ TIMEOUT = 240
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """A tiny Qwen3 whose character tokenizer covers the paper's prompt, and tiny train/eval JSONL files."""
-    from rpg_trl.toy import build_char_tokenizer, save_tiny_model
+    from _tiny_runs import save_math_assets
 
-    root = tmp_path_factory.mktemp("math")
-    tokenizer = build_char_tokenizer(string.printable)
-    # One token per character, newlines included (the prompt has blank lines).
-    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    model = save_tiny_model(root / "model", tokenizer=tokenizer, max_position_embeddings=512)
-    train = root / "train.jsonl"
-    train.write_text(
-        "".join(
-            json.dumps({"problem": f"What is {a}+{b}?", "answer": str(a + b)}) + "\n"
-            for a in range(1, 9)
-            for b in range(1, 4)
-        )
-    )
-    evaluation = root / "tiny_eval.jsonl"
-    evaluation.write_text(
-        "".join(json.dumps({"question": f"What is {a}*2?", "answer": str(2 * a)}) + "\n" for a in range(1, 5))
-    )
-    return {"root": root, "model": model, "train": str(train), "eval": str(evaluation)}
+    return save_math_assets(tmp_path_factory.mktemp("math"))
 
 
 def _train_args(assets, output_dir, *extra):

@@ -9,8 +9,9 @@ checkpointing; LoRA trains with the "ref" adapter as the synced reference; DeepS
 Dry run on CPU: `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` runs the same test functions, unmarked, on
 the CPU with the tiny Qwen3 of `rpg_trl.toy` (still bf16 autocast and gradient checkpointing, fewer steps), so that
 the GPU suite is known to import and run before a GPU is at hand (`tests/test_gpu_dry_run.py` does this in CI). The
-DeepSpeed ZeRO stages skip in the dry run (DeepSpeed is not a CI dependency and ZeRO is exercised here on CUDA); the
-same training script still runs under `accelerate launch` without DeepSpeed (`stage` 0).
+DeepSpeed ZeRO stages skip in the dry run (ZeRO is exercised here on CUDA; on CPU, with 2 processes, by
+`tests/test_launch_configs.py`); the same training script still runs under `accelerate launch` without DeepSpeed
+(`stage` 0).
 """
 
 import importlib.util

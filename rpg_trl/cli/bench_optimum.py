@@ -372,21 +372,20 @@ def token_reward(rewards: list[float]):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: str):
+def trainer_config(args: BenchOptimumArguments, spec, regime: str, output_dir: str, **task_settings):
+    """The `RPGConfig` (KL toward the reference) or TRL `GRPOConfig` of one run: the benchmark's shared settings, the
+    `regime`, the variant `spec`'s overrides and the task's settings (`loss_type`, `max_completion_length`)."""
     from ..toy.training import no_activation_checkpointing
 
-    spec = VARIANTS[variant]
     common = dict(
         output_dir=output_dir,
         beta=args.beta,
         epsilon=0.2,
         epsilon_high=0.28,
         scale_rewards="none",  # advantage = reward − group mean: the reward's scale is (1 − 1/G) exactly
-        loss_type="dapo",  # token-mean (one token per completion: the mean over completions)
         num_generations=args.num_generations,
         per_device_train_batch_size=args.batch_size,
         gradient_accumulation_steps=1,
-        max_completion_length=1,
         temperature=1.0,
         learning_rate=args.learning_rate,
         lr_scheduler_type="cosine",
@@ -402,6 +401,7 @@ def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: 
         save_strategy="no",
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **task_settings,
         **REGIMES[regime],
         **spec.overrides,
     )
@@ -412,6 +412,11 @@ def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: 
     from ..config import RPGConfig
 
     return RPGConfig(kl_anchor="reference", **common)
+
+
+def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: str):
+    # One token per completion: the token mean is the mean over completions.
+    return trainer_config(args, VARIANTS[variant], regime, output_dir, loss_type="dapo", max_completion_length=1)
 
 
 def _tracker_class():

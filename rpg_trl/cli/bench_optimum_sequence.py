@@ -38,7 +38,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from . import machine
-from .bench_optimum import OPTIMA, OPTIMUM_OF_DIVERGENCE, REGIMES, effective_reward_scale, kl_optimum, total_variation
+from .bench_optimum import (
+    OPTIMA,
+    OPTIMUM_OF_DIVERGENCE,
+    REGIMES,
+    effective_reward_scale,
+    kl_optimum,
+    total_variation,
+    trainer_config,
+)
 
 
 ALPHABET = "ab"
@@ -337,45 +345,15 @@ def sequence_reward(task: SequenceTask, tokenizer):
 
 
 def _config(args, variant: str, regime: str, output_dir: str):
-    from ..toy.training import no_activation_checkpointing
-
-    spec = SEQUENCE_VARIANTS[variant]
-    common = dict(
-        output_dir=output_dir,
-        beta=args.beta,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        scale_rewards="none",
-        loss_type="luspo",  # Σ over a completion's tokens, mean over completions: the sequence-level estimator
-        num_generations=args.num_generations,
-        per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=1,
+    # luspo: Σ over a completion's tokens, mean over completions, the estimator of an objective over completions.
+    return trainer_config(
+        args,
+        SEQUENCE_VARIANTS[variant],
+        regime,
+        output_dir,
+        loss_type="luspo",
         max_completion_length=args.completion_length,
-        temperature=1.0,
-        learning_rate=args.learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_steps=args.steps,
-        logging_steps=args.steps,
-        seed=args.seed,
-        use_cpu=True,
-        bf16=False,
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        **no_activation_checkpointing(),
-        **REGIMES[regime],
-        **spec.overrides,
     )
-    if spec.trainer == "trl":
-        from trl import GRPOConfig
-
-        return GRPOConfig(**common)
-    from ..config import RPGConfig
-
-    return RPGConfig(kl_anchor="reference", **common)
 
 
 def _tracker_class():

@@ -688,7 +688,7 @@ def rpg_loss(
         divergence estimate to the anchor), ``kl/sequence`` (mean over completions of the whole-completion estimate),
         ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/dual_mean``, ``clip_ratio/region_mean``
         (fractions of active tokens), ``importance_weight/mean``, ``importance_weight/max``, ``importance_weight/min``
-        and ``num_tokens``.
+        ``num_tokens`` and ``num_sequences`` (completions with at least one active token).
 
     Raises:
         ValueError: an invalid field of the specification (unknown ``divergence``/``estimator``/``aggregation``,

@@ -43,6 +43,10 @@ bounded by β times a constant, so the two estimators give the same gradient for
 differentiable estimator's loss value keeps the importance-weighted estimate ``β·S(w)``; only its gradient outside the
 trust region uses ``w̄`` (a straight-through form). ``clip=False`` keeps the exact ``W`` everywhere. The design is
 written out in ``docs/design.md``.
+
+Everything that defines the loss is one frozen [`RPGLossSpec`] (the trainers build it once from their configuration),
+and ``kl_level="sequence"`` replaces the per-token KL weights of the table by the exact weights of the divergence between
+whole completions, with prefix ratios (``KLTerm.sequence_value`` / ``sequence_weight``; ``docs/design.md``).
 """
 
 from __future__ import annotations
@@ -687,7 +691,7 @@ def rpg_loss(
         `tuple[torch.Tensor, dict[str, torch.Tensor]]`: the scalar loss and detached metrics: ``kl`` (mean per-token
         divergence estimate to the anchor), ``kl/sequence`` (mean over completions of the whole-completion estimate),
         ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/dual_mean``, ``clip_ratio/region_mean``
-        (fractions of active tokens), ``importance_weight/mean``, ``importance_weight/max``, ``importance_weight/min``
+        (fractions of active tokens), ``importance_weight/mean``, ``importance_weight/max``, ``importance_weight/min``,
         ``num_tokens`` and ``num_sequences`` (completions with at least one active token).
 
     Raises:

@@ -23,7 +23,7 @@ from peft import LoraConfig
 from trl import TrlParser
 
 from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.callbacks import REF_ADAPTER
+from rpg_trl.ref_sync.weights import REF_ADAPTER
 from rpg_trl.toy import build_char_tokenizer, save_tiny_model
 
 

@@ -18,7 +18,7 @@ from .losses import (
 _LAZY = {
     "RPGConfig": ".config",
     "RPGTrainer": ".trainer",
-    "RefModelSyncCallback": ".callbacks",
+    "RefModelSyncCallback": ".ref_sync",
     # `rpg_trl.async_rpg` imports `trl.experimental` (which warns on import): loaded on first use only.
     "AsyncRPGConfig": ".async_rpg",
     "AsyncRPGTrainer": ".async_rpg",

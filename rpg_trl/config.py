@@ -308,7 +308,7 @@ class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
             surrogate losses, which RPG replaces: they are refused.
         ref_model_sync_kl_threshold (`float` or `None`, *optional*, defaults to `None`):
             κ: with `kl_anchor="reference"`, sync π_ref ← π_θ when the moving average of the token KL to the reference
-            exceeds κ ([`~rpg_trl.callbacks.RefModelSyncCallback`]); combines with TRL's `sync_ref_model`,
+            exceeds κ ([`~rpg_trl.ref_sync.RefModelSyncCallback`]); combines with TRL's `sync_ref_model`,
             `ref_model_sync_steps` and `ref_model_mixup_alpha`.
         ref_model_sync_kl_ema (`float`, *optional*, defaults to `0.9`):
             Weight γ of the previous value in that moving average.
@@ -342,7 +342,7 @@ class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
         },
     )
 
-    # Iterative reference updates with a separate reference (paper Sec. 5, `rpg_trl.callbacks.RefModelSyncCallback`).
+    # Iterative reference updates with a separate reference (paper Sec. 5, `rpg_trl.ref_sync.RefModelSyncCallback`).
     ref_model_sync_kl_threshold: float | None = field(
         default=None,
         metadata={

@@ -9,10 +9,10 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
-from .callbacks import RefModelSyncCallback
 from .config import RPGConfig
 from .dynamic_sampling import DynamicSamplingMixin
 from .losses import aggregate_loss, rpg_per_token_loss, summarize_stats
+from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitor, ReliabilityMixin
 
 

@@ -1,4 +1,4 @@
-"""Tests of `rpg_trl.callbacks.RefModelSyncCallback`: iterative reference updates on a tiny local Qwen3 (CPU)."""
+"""Tests of `rpg_trl.ref_sync.RefModelSyncCallback`: iterative reference updates on a tiny local Qwen3 (CPU)."""
 
 import contextlib
 import importlib.util
@@ -19,9 +19,9 @@ from trl.distributed import DistributedBackend
 from trl.trainer.callbacks import SyncRefModelCallback
 
 from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.callbacks import REF_ADAPTER, REFERENCE_FILE, RefModelSyncCallback
+from rpg_trl.ref_sync import RefModelSyncCallback
 from rpg_trl.ref_sync.trigger import SyncTrigger
-from rpg_trl.ref_sync.weights import gather_reference, mix_parameters, restore_reference
+from rpg_trl.ref_sync.weights import REF_ADAPTER, REFERENCE_FILE, gather_reference, mix_parameters, restore_reference
 from rpg_trl.toy import build_char_tokenizer
 
 from _sync_two_proc import AllocatedBytes
@@ -491,12 +491,12 @@ def test_lora_reference_is_a_ref_adapter_synced_to_the_trained_one(tiny_model_di
 def test_sampling_anchor_has_nothing_to_sync_and_says_so_once(tiny_model_dir, tmp_path, caplog):
     trainer = make_trainer(tiny_model_dir, tmp_path, kl_anchor="sampling", max_steps=2)
     assert trainer.ref_sync_callback is None and trainer.ref_model is None
-    with caplog.at_level(logging.WARNING, logger="rpg_trl.callbacks"):
+    with caplog.at_level(logging.WARNING, logger="rpg_trl.ref_sync.callback"):
         callback = RefModelSyncCallback(trainer, kl_threshold=1e-9)
         trainer.add_callback(callback)
         trainer.train()
     assert callback.num_syncs == 0
-    messages = [r.getMessage() for r in caplog.records if r.name == "rpg_trl.callbacks"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "rpg_trl.ref_sync.callback"]
     assert len(messages) == 1 and "nothing to sync" in messages[0] and "sampling" in messages[0]
 
 

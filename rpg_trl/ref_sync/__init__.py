@@ -6,5 +6,17 @@
 - [`weights`]: *how* to move it on each backend (plain model, DDP, DeepSpeed ZeRO-2/3, FSDP1/2, the PEFT "ref"
   adapter) and how to save and restore the synced reference with a checkpoint.
 
-[`rpg_trl.callbacks.RefModelSyncCallback`] joins the two inside a `transformers` Trainer.
+[`callback.RefModelSyncCallback`] (exported here: `from rpg_trl.ref_sync import RefModelSyncCallback`) joins the two
+inside a `transformers` Trainer.
 """
+
+__all__ = ["RefModelSyncCallback"]
+
+
+def __getattr__(name):
+    # The callback imports transformers and TRL; `trigger` stays importable without them.
+    if name == "RefModelSyncCallback":
+        from .callback import RefModelSyncCallback
+
+        return RefModelSyncCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -4,7 +4,7 @@ r"""When to move the reference: the trigger of the paper's iterative reference u
 The paper "periodically set[s] π_old ← π_θ (every K optimizer steps, or when a moving average of token-level KL
 exceeds a target κ)". [`SyncTrigger`] holds that rule and its state and nothing else: it is fed the token KL of each
 optimizer step and says, at the end of the step, whether (and why) the reference should be synced. It knows nothing
-of models or trainers; [`rpg_trl.callbacks.RefModelSyncCallback`] feeds it and moves the weights
+of models or trainers; [`rpg_trl.ref_sync.RefModelSyncCallback`] feeds it and moves the weights
 ([`rpg_trl.ref_sync.weights`]).
 
 The moving average: `m ← γ·m + (1 − γ)·KL_step`, where `KL_step` is the token-weighted mean KL of the step (all

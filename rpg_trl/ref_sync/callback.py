@@ -1,0 +1,266 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""Iterative reference updates (the paper, Sec. 5): re-sync π_ref ← π_θ when the KL to π_ref drifts past κ.
+
+The paper's runs anchor the KL to the sampling policy, which moves every generation (`kl_anchor="sampling"`). With a
+separate reference (`kl_anchor="reference"`), [`RefModelSyncCallback`] keeps the reference close to the policy: it
+tracks an exponential moving average of the token KL between π_θ and π_ref that the trainer already computes on its
+training batches (reduced over all processes), and sets `π_ref ← α·π_θ + (1 − α)·π_ref` when that average exceeds
+`ref_model_sync_kl_threshold` (κ) and/or every `ref_model_sync_steps` steps (TRL's TR-DPO option).
+
+The callback only joins two parts: [`rpg_trl.ref_sync.trigger.SyncTrigger`] decides when to sync (testable without a
+trainer) and [`rpg_trl.ref_sync.weights`] moves, saves and restores the weights on each backend (plain, DDP, DeepSpeed
+ZeRO-2/3 one parameter pair at a time, FSDP) or, with PEFT, the frozen "ref" adapter (a copy of the trained adapter;
+no second base model is held).
+"""
+
+from __future__ import annotations
+
+import os
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.utils import logging
+from trl.trainer.callbacks import SyncRefModelCallback
+
+from . import weights
+from .trigger import SyncTrigger, broadcast_from_main
+from .weights import REF_ADAPTER, REFERENCE_FILE
+
+
+__all__ = ["REFERENCE_FILE", "REF_ADAPTER", "RefModelSyncCallback"]
+
+logger = logging.get_logger(__name__)
+
+
+def _trigger_attribute(name: str, doc: str) -> property:
+    """An attribute of the callback kept by its trigger (so that `transformers`, which restores a callback's exported
+    state with `setattr`, and user code read and write the trigger's)."""
+
+    def set_value(self, value):
+        setattr(self.trigger, name, value)
+
+    return property(lambda self: getattr(self.trigger, name), set_value, doc=doc)
+
+
+class RefModelSyncCallback(TrainerCallback, ExportableState):
+    r"""
+    Moves the KL anchor π_ref to the policy π_θ during training (the separate-reference variant of the paper's
+    "iterative reference update", Sec. 5).
+
+    After every optimizer step the token KL between π_θ and π_ref measured on that step's training batches (the
+    trainer's `kl` metric: the divergence the user chose, token-weighted over the gradient-accumulation micro-batches
+    and all processes) updates the moving average `m ← γ·m + (1 − γ)·KL` (`m` starts at the first KL after each
+    sync). A sync `π_ref ← α·π_θ + (1 − α)·π_ref` happens when `m > kl_threshold` (κ) or when `sync_steps` steps
+    have passed since the previous sync, and only where the next step generates (and scores with π_ref) a fresh batch,
+    so that buffered batches never mix two references. Every process takes the decision of the main process. The
+    moving average restarts after a sync, so `ref/kl` (logged: the moving average at that step) drops after each sync;
+    `ref/syncs` counts the syncs. The decision is [`~rpg_trl.ref_sync.trigger.SyncTrigger`]'s (`self.trigger`); the
+    weights move with [`rpg_trl.ref_sync.weights`].
+
+    The state (moving average, last sync step, number and steps of the syncs) is exported to each checkpoint's
+    `trainer_state.json`; [`save_checkpoint`] and [`load_checkpoint`] save and restore the synced reference weights
+    (`rpg_reference.safetensors`). [`~rpg_trl.RPGTrainer`] installs the callback (see [`install`]), feeds it the KL
+    and calls both.
+
+    Args:
+        trainer ([`~rpg_trl.RPGTrainer`], *optional*):
+            The trainer whose `ref_model` (or "ref" adapter) to sync. `None` only while transformers rebuilds the
+            callback from a checkpoint; [`bind`] attaches it.
+        kl_threshold (`float`, *optional*):
+            κ > 0: sync when the moving average of the token KL exceeds it. `None`: no KL trigger.
+        kl_ema (`float`, *optional*, defaults to `0.9`):
+            γ ∈ [0, 1): weight of the previous average (0 uses the last step's KL alone).
+        sync_steps (`int`, *optional*):
+            Sync at the latest every `sync_steps` optimizer steps. `None`: no periodic trigger.
+        mixup_alpha (`float`, *optional*, defaults to `1.0`):
+            α ∈ (0, 1]: weight of the policy in a sync. 1 copies the policy.
+    """
+
+    kl_threshold = _trigger_attribute("kl_threshold", "κ (see `SyncTrigger`).")
+    kl_ema = _trigger_attribute("kl_ema", "γ (see `SyncTrigger`).")
+    sync_steps = _trigger_attribute("sync_steps", "Periodic trigger (see `SyncTrigger`).")
+    kl_moving_average = _trigger_attribute("kl_moving_average", "Moving average of the token KL since the last sync.")
+    last_sync_step = _trigger_attribute("last_sync_step", "Optimizer step of the last sync.")
+    num_syncs = _trigger_attribute("num_syncs", "Number of syncs so far.")
+    sync_history = _trigger_attribute("sync_history", "Optimizer steps of the syncs.")
+
+    def __init__(
+        self,
+        trainer=None,
+        kl_threshold: float | None = None,
+        kl_ema: float = 0.9,
+        sync_steps: int | None = None,
+        mixup_alpha: float = 1.0,
+    ):
+        self.trigger = SyncTrigger(kl_threshold=kl_threshold, kl_ema=kl_ema, sync_steps=sync_steps)
+        if not 0.0 < mixup_alpha <= 1.0:
+            raise ValueError(f"`mixup_alpha` must be in (0, 1]; got {mixup_alpha}.")
+        self.mixup_alpha = mixup_alpha
+        self._reference_restored = False
+        self._warned_nothing_to_sync = False
+        self.trainer = None
+        if trainer is not None:
+            self.bind(trainer)
+
+    # ------------------------------------------------------------------------------------------------ set-up
+    @classmethod
+    def install(cls, trainer) -> RefModelSyncCallback | None:
+        """Install the callback from `trainer.args` (`RPGConfig`) when `sync_ref_model` or
+        `ref_model_sync_kl_threshold` asks for it, in place of TRL's `SyncRefModelCallback`; return it, or `None`.
+
+        With PEFT, a frozen "ref" adapter copied from the trained adapter becomes the reference if none exists (TRL
+        makes one only for an already-PEFT model; with `peft_config` it evaluates the reference with the adapter
+        disabled, which a sync could not move). While the trained adapter is freshly initialised (zero LoRA B) the
+        copy equals the base model, so the reference is unchanged.
+        """
+        args = trainer.args
+        threshold = getattr(args, "ref_model_sync_kl_threshold", None)
+        if not args.sync_ref_model and threshold is None:
+            return None
+        # GRPOTrainer adds its own (periodic, full-model only) sync when it sees `sync_ref_model`; this one replaces
+        # it (RPGTrainer already hides the flag from GRPOTrainer, which would reject it with PEFT).
+        trainer.remove_callback(SyncRefModelCallback)
+        callback = cls(
+            trainer,
+            kl_threshold=threshold,
+            kl_ema=getattr(args, "ref_model_sync_kl_ema", 0.9),
+            sync_steps=args.ref_model_sync_steps if args.sync_ref_model else None,
+            # TRL applies `ref_model_mixup_alpha` only with `sync_ref_model=True`; a KL-triggered sync alone copies.
+            mixup_alpha=args.ref_model_mixup_alpha if args.sync_ref_model else 1.0,
+        )
+        trainer.add_callback(callback)
+        return callback
+
+    def bind(self, trainer) -> None:
+        """Attach the trainer (and make this callback the one that receives the trainer's KL)."""
+        self.trainer = trainer
+        trainer.ref_sync_callback = self
+        if self.has_reference():
+            peft_model = weights.peft_model_of(trainer)
+            if peft_model is not None and REF_ADAPTER not in peft_model.peft_config:
+                weights.add_ref_adapter(trainer, peft_model)
+
+    def has_reference(self) -> bool:
+        """Whether there is a reference to sync; says once (warning) when there is none."""
+        trainer = self.trainer
+        reason = None
+        if getattr(trainer.args, "kl_anchor", "reference") == "sampling":
+            reason = (
+                "kl_anchor='sampling' anchors the KL to the policy that sampled each batch, which moves every "
+                "generation already (the paper's iterative reference update)"
+            )
+        elif trainer.ref_model is None and weights.peft_model_of(trainer) is None:
+            reason = "the trainer holds no reference model (beta == 0)"
+        if reason is None:
+            return True
+        if not self._warned_nothing_to_sync:
+            logger.warning(f"RefModelSyncCallback: nothing to sync: {reason}. The callback does nothing.")
+            self._warned_nothing_to_sync = True
+        return False
+
+    # ------------------------------------------------------------------------------------------------ KL and decision
+    def observe_kl(self, kl_sum, num_tokens) -> None:
+        """Add one training micro-batch's KL: `kl_sum` = Σ_tokens KL and `num_tokens`, both already summed over all
+        processes (so every process sees the same values)."""
+        self.trigger.observe(kl_sum, num_tokens)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer is None:
+            raise RuntimeError(
+                "RefModelSyncCallback has no trainer: it was rebuilt from a checkpoint without `bind(trainer)`. "
+                "RPGTrainer does this itself; with another trainer call `callback.bind(trainer)` before `train()`."
+            )
+        stored = (state.stateful_callbacks or {}).get(type(self).__name__)
+        synced_before = isinstance(stored, dict) and stored.get("attributes", {}).get("num_syncs", 0) > 0
+        if state.global_step > 0 and synced_before and not self._reference_restored:
+            raise RuntimeError(
+                "Resuming from a checkpoint taken after reference syncs, but the synced reference was not "
+                "restored: training would silently anchor the KL to the initial model. Resume with RPGTrainer, "
+                "or call `RefModelSyncCallback.load_checkpoint(trainer, checkpoint)` before training."
+            )
+        self.trigger.start(state.global_step)
+        self.has_reference()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self.has_reference():
+            self.trigger.discard_step()
+            return
+        reason = self.trigger.end_step(state.global_step, self._at_generation_boundary())
+        do_sync = self.trigger.agree(reason is not None, broadcast_from_main(self.trainer.accelerator))
+        logged_kl = self.trigger.kl_moving_average
+        if do_sync:
+            self.sync()
+            self.trigger.record_sync(state.global_step)
+            if self.trainer.accelerator.is_main_process:
+                logger.info(
+                    f"Step {state.global_step}: synced the reference to the policy (α = {self.mixup_alpha:g}; "
+                    f"{reason or 'decision of the main process'}); {self.num_syncs} sync(s) so far."
+                )
+        metrics = self.trainer._metrics["train"]
+        metrics["ref/syncs"] = [float(self.num_syncs)]
+        if logged_kl is not None:
+            metrics["ref/kl"] = [logged_kl]  # the value at this step, whatever the logging interval
+
+    def _at_generation_boundary(self) -> bool:
+        # GRPOTrainer scores a generation batch with π_ref once and reuses it for steps_per_generation *
+        # num_iterations micro-batches; a sync inside that window would mix two references.
+        trainer = self.trainer
+        generate_every = trainer.args.steps_per_generation * getattr(trainer, "num_iterations", 1)
+        return getattr(trainer, "_step", 0) % generate_every == 0
+
+    def sync(self, alpha: float | None = None) -> None:
+        """Set π_ref ← α·π_θ + (1 − α)·π_ref now (α defaults to `mixup_alpha`). Collective: call on every process."""
+        weights.sync_reference(self.trainer, self.mixup_alpha if alpha is None else alpha)
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def state(self) -> dict:
+        return {
+            "args": {**self.trigger.arguments(), "mixup_alpha": self.mixup_alpha},
+            "attributes": self.trigger.attributes(),
+        }
+
+    def save_checkpoint(self, trainer, trial=None) -> None:
+        """Save the synced reference into the checkpoint folder that `trainer._save_checkpoint` is about to write."""
+        from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+        folder = f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
+        self.save_reference(os.path.join(trainer._get_output_dir(trial=trial), folder))
+
+    def save_reference(self, output_dir: str) -> None:
+        """Write the synced reference into the checkpoint folder `output_dir` (nothing before the first sync: the
+        reference is then the initial model, which a resumed trainer rebuilds). Only the main process holds a copy.
+        Collective: call on every process."""
+        if self.num_syncs == 0 or not self.has_reference():
+            return
+        weights.save_reference(self.trainer, output_dir)
+
+    def load_checkpoint(self, trainer, checkpoint: str) -> None:
+        """Restore, when resuming from `checkpoint`, the callback state (from `trainer.state`, loaded from the
+        checkpoint's `trainer_state.json`) and the synced reference weights, on every process. Makes this instance the
+        trainer's callback again if transformers replaced it by a copy rebuilt from the saved arguments
+        (`restore_callback_states_from_checkpoint=True`); restores the state whatever that flag says, since the
+        reference weights are always restored."""
+        callbacks = trainer.callback_handler.callbacks
+        mine = [i for i, cb in enumerate(callbacks) if isinstance(cb, RefModelSyncCallback)]
+        callbacks.insert(mine[0] if mine else len(callbacks), self)
+        callbacks[:] = [cb for cb in callbacks if cb is self or not isinstance(cb, RefModelSyncCallback)]
+        self.bind(trainer)
+        name = type(self).__name__
+        stored = trainer.state.stateful_callbacks.get(name)
+        if isinstance(stored, list):
+            stored = stored[0]
+        if stored:
+            self.trigger.load_attributes(stored.get("attributes", {}))
+        else:
+            trainer.state.stateful_callbacks[name] = self.state()  # checkpoint taken before the callback existed
+        self._reference_restored = True
+        if self.num_syncs == 0 or not self.has_reference():
+            return
+        path = os.path.join(checkpoint, REFERENCE_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"The checkpoint {checkpoint} records {self.num_syncs} reference sync(s) but has no {REFERENCE_FILE}: "
+                "the synced reference cannot be restored. Resume from a checkpoint written by RPGTrainer."
+            )
+        weights.load_reference(trainer, path)
+        logger.info(f"Restored the reference synced at step {self.last_sync_step} from {path}.")

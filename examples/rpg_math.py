@@ -17,8 +17,8 @@ Reads top to bottom: arguments, data, rewards, trainer, train, save. Every optio
 
 `--algorithm rpg` trains with `RPGTrainer`; `grpo` and `dapo` train with TRL's `GRPOTrainer` (its `loss_type="grpo"` /
 `"dapo"` losses, with the clip ranges and KL of the `BASELINES` table below); `rfpp` and `rfppb` train REINFORCE++ and
-REINFORCE++-Baseline (`rpg_trl.baselines.ReinforcePlusPlusTrainer`: whitened returns, KL in the reward, TRL's clipped
-loss). All share everything else (data, rewards, dynamic sampling, batch sizes, optimizer, schedule). Offline use: pass a local model folder and local data files
+REINFORCE++-Baseline (`rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer`: whitened returns, KL in the reward,
+TRL's clipped loss). All share everything else (data, rewards, dynamic sampling, batch sizes, optimizer, schedule). Offline use: pass a local model folder and local data files
 (`.jsonl`/`.json`/`.parquet`, with `problem`/`question` and `answer`/`solution` columns), and set HF_HUB_OFFLINE=1.
 """
 
@@ -31,11 +31,11 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
 
 from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.baselines import BASELINE_NAMES, ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
 from rpg_trl.config import DynamicSamplingArguments
 from rpg_trl.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
 from rpg_trl.dynamic_sampling import DynamicSamplingMixin
 from rpg_trl.losses import PAPER_NAMES
+from rpg_trl.reinforce_plus_plus import BASELINE_NAMES, ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
 from rpg_trl.reliability import ReliabilityMixin
 from rpg_trl.rewards import accuracy_reward, format_reward, get_soft_overlong_punishment
 
@@ -69,7 +69,7 @@ class MathScriptArguments:
         metadata={
             "help": "'rpg' trains with RPGTrainer (the variant chosen by `divergence` and `estimator`); 'grpo' and "
             "'dapo' train the baselines with TRL's GRPOTrainer and its own losses; 'rfpp' and 'rfppb' train "
-            "REINFORCE++ and REINFORCE++-Baseline (rpg_trl.baselines). Settings in BASELINES.",
+            "REINFORCE++ and REINFORCE++-Baseline (rpg_trl.reinforce_plus_plus). Settings in BASELINES.",
             "choices": list(ALGORITHMS),
         },
     )

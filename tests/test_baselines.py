@@ -1,5 +1,5 @@
-"""REINFORCE++ and REINFORCE++-Baseline (`rpg_trl.baselines`): the advantages against hand computations, and the
-trainer end to end on a tiny local model."""
+"""REINFORCE++ and REINFORCE++-Baseline (`rpg_trl.reinforce_plus_plus`): the advantages against hand computations,
+and the trainer end to end on a tiny local model."""
 
 import math
 import statistics
@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 
-from rpg_trl.baselines import (
+from rpg_trl.reinforce_plus_plus import (
     KL_ESTIMATORS,
     ReinforcePlusPlusConfig,
     ReinforcePlusPlusTrainer,

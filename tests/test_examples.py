@@ -237,7 +237,7 @@ def test_baselines_train_with_trl_losses(assets, tmp_path, algorithm, loss_type)
 )
 def test_reinforce_plus_plus_baselines_train(assets, tmp_path, algorithm, estimator):
     """--algorithm rfpp / rfppb: REINFORCE++(-Baseline) with the KL to the initial model in the reward, dynamic
-    sampling included (rpg_trl.baselines.ReinforcePlusPlusTrainer)."""
+    sampling included (rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer)."""
     parser = rpg_math.make_parser()
     args = parser.parse_args_and_config(
         _train_args(

@@ -15,7 +15,7 @@ DAPO                          TRL `GRPOTrainer`, `loss_type="dapo"` (token-mean)
                               std-scaled group advantages, no KL
 RPG-UFKL / RPG-URKL           `RPGTrainer`, `estimator="differentiable"`, `divergence="ufkl"` / `"urkl"`
 RPG-REINFORCE-UFKL / -URKL    `RPGTrainer`, `estimator="reinforce"`, `divergence="ufkl"` / `"urkl"`
-REINFORCE++ / -Baseline       [`~rpg_trl.baselines.ReinforcePlusPlusTrainer`] (Hu, 2025; the paper's Tables 5 and 6):
+REINFORCE++ / -Baseline       [`~rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer`] (Hu, 2025; the paper's Tables 5 and 6):
                               TRL's token-mean loss, clip ε = 0.2 (both sides), β·k1 to the initial policy in the token
                               rewards with β = 1e-4, the return (minus the group mean for -Baseline) whitened over the
                               batch's tokens
@@ -52,7 +52,7 @@ from . import machine
 
 
 #: Algorithm name -> (trainer, configuration overrides). "grpo" runs TRL's GRPOTrainer, "rpg" runs RPGTrainer, "rfpp"
-#: runs `rpg_trl.baselines.ReinforcePlusPlusTrainer`.
+#: runs `rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer`.
 ALGORITHMS = {
     "GRPO": (
         "grpo",
@@ -155,8 +155,8 @@ class BenchAlgosArguments:
 def _config(kind: str, output_dir: str, args: BenchAlgosArguments, seed: int, overrides: dict):
     from trl import GRPOConfig
 
-    from ..baselines import ReinforcePlusPlusConfig
     from ..config import RPGConfig
+    from ..reinforce_plus_plus import ReinforcePlusPlusConfig
     from ..toy.training import rl_training_kwargs
 
     kwargs = rl_training_kwargs(steps=args.steps, seed=seed, learning_rate=args.learning_rate)
@@ -169,7 +169,7 @@ def run_one(args: BenchAlgosArguments, algorithm: str, seed: int, splits, sft_di
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOTrainer
 
-    from ..baselines import ReinforcePlusPlusTrainer
+    from ..reinforce_plus_plus import ReinforcePlusPlusTrainer
     from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed
     from ..toy.curves import REWARD_WINDOW, max_drawdown, metric_series, moving_average
     from ..toy.evaluation import heldout_accuracy_callback
@@ -365,7 +365,7 @@ def add_parser(subparsers):
         help="The paper's Table 3 in miniature: GRPO, DAPO, REINFORCE++(-Baseline) and four RPG variants from the same "
         "warm start.",
         description="Train GRPO, DAPO (TRL's GRPOTrainer), REINFORCE++, REINFORCE++-Baseline "
-        "(rpg_trl.baselines.ReinforcePlusPlusTrainer) and RPG-UFKL, RPG-URKL, RPG-REINFORCE-UFKL, "
+        "(rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer) and RPG-UFKL, RPG-URKL, RPG-REINFORCE-UFKL, "
         "RPG-REINFORCE-URKL (RPGTrainer) from the same supervised warm start of the demo's task, with the same "
         "budget, over several seeds; print the Last/Best held-out accuracy and a stability measure as a markdown "
         "table, and write table.md, results.json and bench_algos.png.",

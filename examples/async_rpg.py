@@ -17,7 +17,7 @@ loss fields) is a command-line flag or a key of the `--config` YAML file (see `r
     CUDA_VISIBLE_DEVICES=1 python examples/async_rpg.py --config recipes/async/rpg_urkl.yaml --algorithm grpo
 
 The rollout worker scores completions in a spawned process, so reward functions must be picklable module-level
-functions (here `rpg_trl.rewards.accuracy_reward` and `format_reward`).
+functions (here `rpg_trl.math_task.rewards.accuracy_reward` and `format_reward`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from trl import TrlParser
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
 from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
-from rpg_trl.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
 from rpg_trl.losses import PAPER_NAMES
-from rpg_trl.rewards import accuracy_reward, format_reward
+from rpg_trl.math_task.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
+from rpg_trl.math_task.rewards import accuracy_reward, format_reward
 
 
 ALGORITHMS = ("rpg", "grpo")
@@ -60,7 +60,7 @@ class AsyncScriptArguments:
     train_max_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training problems."})
     format_reward: bool = field(
         default=False,
-        metadata={"help": "Add a reward for ending with a line 'Answer: ...' (rpg_trl.rewards.format_reward)."},
+        metadata={"help": "Add a reward for ending with a line 'Answer: ...' (rpg_trl.math_task.format_reward)."},
     )
 
 

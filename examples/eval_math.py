@@ -4,10 +4,10 @@ mean@n and pass@k accuracy on the paper's benchmarks (AIME24, AIME25, AMC23) or 
 
 The paper reports mean@32: the accuracy of 32 sampled responses per problem, averaged over samples and problems
 (Sec. 5). pass@k uses the unbiased estimator of Chen et al. (2021): with c correct responses among n,
-pass@k = 1 − C(n − c, k) / C(n, k), averaged over problems. Responses are scored with `rpg_trl.rewards.accuracy_reward`
-(the training reward: the last "Answer:" line, compared with math-verify). Generation uses vLLM when it is installed
-and a GPU is present, transformers' `generate` otherwise. A folder saved by a LoRA run (`adapter_config.json`) is
-merged into its base model first.
+pass@k = 1 − C(n − c, k) / C(n, k), averaged over problems. Responses are scored with
+`rpg_trl.math_task.rewards.accuracy_reward` (the training reward: the last "Answer:" line, compared with math-verify).
+Generation uses vLLM when it is installed and a GPU is present, transformers' `generate` otherwise. A folder saved by a
+LoRA run (`adapter_config.json`) is merged into its base model first.
 
     python examples/eval_math.py --model_name_or_path runs/rpg-reinforce-urkl --num_samples 32 \
         --max_new_tokens 8192 --output_dir runs/rpg-reinforce-urkl/eval
@@ -28,8 +28,8 @@ from pathlib import Path
 import numpy as np
 from trl import TrlParser
 
-from rpg_trl.data import load_aime24, load_aime25, load_amc23, load_math_dataset
-from rpg_trl.rewards import accuracy_reward
+from rpg_trl.math_task.data import load_aime24, load_aime25, load_amc23, load_math_dataset
+from rpg_trl.math_task.rewards import accuracy_reward
 
 
 #: Benchmarks known by name (the paper's); anything else is a local file/folder or a Hub dataset id.

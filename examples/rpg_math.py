@@ -32,12 +32,12 @@ from trl import GRPOConfig, GRPOTrainer, ModelConfig, TrlParser, get_peft_config
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.config import DynamicSamplingArguments
-from rpg_trl.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
 from rpg_trl.dynamic_sampling import DynamicSamplingMixin
 from rpg_trl.losses import PAPER_NAMES
+from rpg_trl.math_task.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
+from rpg_trl.math_task.rewards import accuracy_reward, format_reward, get_soft_overlong_punishment
 from rpg_trl.reinforce_plus_plus import BASELINE_NAMES, ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
 from rpg_trl.reliability import ReliabilityMixin
-from rpg_trl.rewards import accuracy_reward, format_reward, get_soft_overlong_punishment
 
 from eval_math import load_eval_sets  # the sibling script: benchmarks by name ('aime24', ...) or files
 
@@ -108,7 +108,7 @@ class MathScriptArguments:
     )
     format_reward: bool = field(
         default=False,
-        metadata={"help": "Add a reward for ending with a line 'Answer: ...' (rpg_trl.rewards.format_reward)."},
+        metadata={"help": "Add a reward for ending with a line 'Answer: ...' (rpg_trl.math_task.format_reward)."},
     )
 
 

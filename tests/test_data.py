@@ -1,5 +1,5 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Tests for rpg_trl.data on small local files in the plain and verl (DAPO-Math-17k) schemas."""
+"""Tests for rpg_trl.math_task.data on small local files in the plain and verl (DAPO-Math-17k) schemas."""
 
 import json
 from pathlib import Path
@@ -10,8 +10,8 @@ import pytest
 import yaml
 from datasets import Dataset
 
-import rpg_trl.data as data
-from rpg_trl.data import (
+import rpg_trl.math_task.data as data
+from rpg_trl.math_task.data import (
     AIME24_ID,
     DAPO_MATH_17K_ENG_ID,
     DAPO_MATH_17K_ID,
@@ -26,7 +26,7 @@ from rpg_trl.data import (
     make_prompt,
     strip_prompt_template,
 )
-from rpg_trl.rewards import accuracy_reward
+from rpg_trl.math_task.rewards import accuracy_reward
 
 
 # The paper's prompt, written out by hand (the paper's Sec. 5 and Appendix H), around the question "What is 1 + 1?".

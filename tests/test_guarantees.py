@@ -24,9 +24,9 @@ from transformers import AutoConfig
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import AGGREGATIONS, DIVERGENCES, ESTIMATORS, rpg_loss
+from rpg_trl.math_task.rewards import accuracy_reward, extract_answer, format_reward, get_soft_overlong_punishment
 from rpg_trl.reliability import RewardFunctionError, RewardGuard
 from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE, load_generation_state, save_generation_state
-from rpg_trl.rewards import accuracy_reward, extract_answer, format_reward, get_soft_overlong_punishment
 from rpg_trl.toy import build_char_tokenizer, make_fixed_rollout
 
 import _crash_worker

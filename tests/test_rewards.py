@@ -1,5 +1,6 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Tests for rpg_trl.rewards. Expected values are written by hand from the answer format of the paper's prompt."""
+"""Tests for rpg_trl.math_task.rewards. Expected values are written by hand from the answer format of the paper's
+prompt."""
 
 import functools
 import os
@@ -15,7 +16,7 @@ from datasets import Dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpg_trl.rewards import (
+from rpg_trl.math_task.rewards import (
     MAX_COMPLETION_CHARS,
     accuracy_reward,
     extract_answer,

@@ -5,9 +5,9 @@ The demo reproduces, in miniature, the regime the paper's method is built for: r
 learning with a verifiable reward *sharpens* what a supervised model can already produce.
 
 1. **Task.** Two-digit additions ``a+b=`` (10 ≤ a, b ≤ 99). The completion is the bare sum (``"57"``); it is scored
-   as the answer line ``Answer: 57`` by the project's math-verify reward ([`rpg_trl.rewards.accuracy_reward`]).
-   The 8100 problems are split, once per seed, into a held-out evaluation set (never trained on), an RL prompt pool
-   and a supervised pool.
+   as the answer line ``Answer: 57`` by the project's math-verify reward
+   ([`rpg_trl.math_task.rewards.accuracy_reward`]). The 8100 problems are split, once per seed, into a held-out
+   evaluation set (never trained on), an RL prompt pool and a supervised pool.
 2. **Warm start.** A ~0.45M-parameter Qwen3 with a character tokenizer, built locally ([`rpg_trl.toy.models`]), is trained
    with TRL's [`~trl.SFTTrainer`] on the supervised pool, where half of the labels are wrong by ±1 or ±10, mixed with
    (equally noisy) additions with a one-digit operand, which make the phase transition of learning to add arrive

@@ -42,7 +42,8 @@ def check_prompt_column(dataset, split: str = "train") -> None:
         f"The {split} dataset has no 'prompt' column (its columns: {list(columns)}). RPGTrainer, like GRPOTrainer, "
         "generates completions for the 'prompt' of each row: a string, or a list of chat messages "
         "[{'role': 'user', 'content': ...}]. Rename the column that holds the prompts, e.g. "
-        "`dataset.rename_column('question', 'prompt')`, or build the dataset with `rpg_trl.data.format_math_dataset`."
+        "`dataset.rename_column('question', 'prompt')`, or build the dataset with "
+        "`rpg_trl.math_task.format_math_dataset`."
     )
 
 

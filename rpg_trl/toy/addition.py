@@ -108,9 +108,9 @@ def addition_reward(completions: list[str], solution: list[str], **kwargs) -> li
     Exact-match reward of the task: 1.0 when the completion is the right sum, else 0.0.
 
     The prompt ``"a+b="`` asks for the bare number, so the completion is scored as the answer line ``Answer: <c>``
-    by [`rpg_trl.rewards.accuracy_reward`] (math-verify): ``"57"`` and ``"057"`` both match ``57``.
+    by [`rpg_trl.math_task.rewards.accuracy_reward`] (math-verify): ``"57"`` and ``"057"`` both match ``57``.
     """
-    from ..rewards import accuracy_reward
+    from ..math_task.rewards import accuracy_reward
 
     return accuracy_reward([f"Answer: {completion}" for completion in completions], solution)
 

@@ -1,9 +1,11 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """The package layout: the library (`rpg_trl` outside `toy/` and `cli/`) never imports the tooling, and the toy task
 (`rpg_trl.toy`) never imports the command line (`rpg_trl.cli`). Checked on the source with `ast`, imports inside
-functions included."""
+functions included. The modules renamed so that their names say what they hold keep their old paths as deprecated
+aliases, which nothing in the repository imports any more."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -85,3 +87,59 @@ def test_toy_exports_resolve():
 
     for name in toy.__all__:
         assert getattr(toy, name) is not None, name
+
+
+#: Modules renamed so that their names say what they hold (old path, new path, what the warning tells to import).
+MOVED = [
+    ("rpg_trl.callbacks", "rpg_trl.ref_sync.callback", "from rpg_trl.ref_sync import RefModelSyncCallback"),
+    ("rpg_trl.baselines", "rpg_trl.reinforce_plus_plus", "rpg_trl.reinforce_plus_plus"),
+    ("rpg_trl.data", "rpg_trl.math_task.data", "rpg_trl.math_task.data"),
+    ("rpg_trl.rewards", "rpg_trl.math_task.rewards", "rpg_trl.math_task.rewards"),
+]
+
+
+@pytest.mark.parametrize("old, new, advice", MOVED, ids=[m[0] for m in MOVED])
+def test_old_import_paths_still_work_and_warn(old, new, advice, monkeypatch):
+    """Each old module is an alias: it warns (FutureWarning, naming the new path) and gives the same objects."""
+    import importlib
+    import sys
+
+    import rpg_trl
+
+    monkeypatch.delitem(sys.modules, old, raising=False)  # a fresh import, so that the module-level warning fires
+    monkeypatch.delattr(rpg_trl, old.rsplit(".", 1)[1], raising=False)
+    with pytest.warns(FutureWarning, match=re.escape(advice)):
+        alias = importlib.import_module(old)
+    module = importlib.import_module(new)
+    public = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
+    assert set(public) <= set(alias.__all__)
+    for name in alias.__all__:
+        assert getattr(alias, name) is getattr(module, name), name
+
+
+def test_moved_names_resolve_from_their_packages():
+    import rpg_trl
+    import rpg_trl.math_task as math_task
+    import rpg_trl.math_task.data as data
+    import rpg_trl.math_task.rewards as rewards
+    from rpg_trl.ref_sync import RefModelSyncCallback
+    from rpg_trl.ref_sync.callback import RefModelSyncCallback as defined
+
+    assert rpg_trl.RefModelSyncCallback is RefModelSyncCallback is defined
+    assert set(math_task.__all__) == set(data.__all__) | set(rewards.__all__)
+    for name in math_task.__all__:
+        assert getattr(math_task, name) is getattr(data if name in data.__all__ else rewards, name), name
+
+
+def test_nothing_in_the_repository_imports_the_old_paths():
+    aliases = {old for old, _, _ in MOVED}
+    sources = [p for p in _modules() if _module_name(p) not in aliases]
+    sources += sorted((PACKAGE.parent / "examples").glob("*.py")) + sorted((PACKAGE.parent / "tests").glob("*.py"))
+    found = {}
+    for path in sources:
+        if path.resolve() == Path(__file__).resolve():
+            continue  # this file imports them on purpose
+        bad = sorted(n for n in _imported_modules(path) if n in aliases)
+        if bad:
+            found[str(path.relative_to(PACKAGE.parent))] = bad
+    assert found == {}

@@ -419,21 +419,34 @@ def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: 
     return trainer_config(args, VARIANTS[variant], regime, output_dir, loss_type="dapo", max_completion_length=1)
 
 
-def _tracker_class():
+def tracker_class():
+    """`DistanceTracker(distribution, targets, every, bar, label)`: a `TrainerCallback` that records the total
+    variation distance of `distribution(model)` (evaluated in eval mode, without gradients) to each named target
+    distribution at step 0 and every `every` steps, in `curve`, and advances the progress bar `bar`."""
+    import torch
     from transformers import TrainerCallback
 
-    class OptimumTracker(TrainerCallback):
-        """Records the distances of the policy to the optima every `every` steps and advances the progress bar."""
-
-        def __init__(self, task: Task, tokenizer, every: int, bar, label: str):
-            self.task, self.tokenizer, self.every, self.bar, self.label = task, tokenizer, every, bar, label
+    class DistanceTracker(TrainerCallback):
+        def __init__(self, distribution, targets: dict, every: int, bar, label: str):
+            self.distribution, self.targets, self.every, self.bar, self.label = (
+                distribution,
+                targets,
+                every,
+                bar,
+                label,
+            )
             self.curve = []
 
-        def record(self, model, step: int):
+        def probabilities(self, model) -> list[float]:
             was_training = model.training
-            probs = next_token_distribution(model.eval(), self.tokenizer)
+            with torch.no_grad():
+                probs = self.distribution(model.eval())
             model.train(was_training)
-            point = {"step": step, **{k: total_variation(probs, self.task.optima[k]) for k in OPTIMA}}
+            return probs
+
+        def record(self, model, step: int):
+            probs = self.probabilities(model)
+            point = {"step": step, **{k: total_variation(probs, target) for k, target in self.targets.items()}}
             self.curve.append(point)
             return point
 
@@ -443,12 +456,11 @@ def _tracker_class():
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % self.every == 0 or state.global_step == state.max_steps:
                 point = self.record(model, state.global_step)
-                self.bar.set_postfix_str(
-                    f"{self.label}: TV reverse {point['reverse']:.3f}, forward {point['forward']:.3f}"
-                )
+                distances = ", ".join(f"{k} {point[k]:.3f}" for k in self.targets)
+                self.bar.set_postfix_str(f"{self.label}: TV {distances}")
             self.bar.update(1)
 
-    return OptimumTracker
+    return DistanceTracker
 
 
 def train_variant(task: Task, args: BenchOptimumArguments, variant: str, regime: str, run_dir: Path, bar) -> dict:
@@ -460,7 +472,13 @@ def train_variant(task: Task, args: BenchOptimumArguments, variant: str, regime:
     from ..trainer import RPGTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(task.model_dir)
-    tracker = _tracker_class()(task, tokenizer, args.eval_every, bar, f"{variant} {regime}")
+    tracker = tracker_class()(
+        lambda model: next_token_distribution(model, tokenizer),
+        {kind: task.optima[kind] for kind in OPTIMA},
+        args.eval_every,
+        bar,
+        f"{variant} {regime}",
+    )
     trainer_class = RPGTrainer if VARIANTS[variant].trainer == "rpg" else GRPOTrainer
     trainer = trainer_class(
         model=task.model_dir,

@@ -45,6 +45,7 @@ from .bench_optimum import (
     effective_reward_scale,
     kl_optimum,
     total_variation,
+    tracker_class,
     trainer_config,
 )
 
@@ -356,51 +357,6 @@ def _config(args, variant: str, regime: str, output_dir: str):
     )
 
 
-def _tracker_class():
-    from transformers import TrainerCallback
-
-    class SequenceOptimumTracker(TrainerCallback):
-        """Records the distance of the model's distribution over completions to the optimum of the variant's objective
-        and to its level's exact fixed point every `every` steps, and advances the progress bar."""
-
-        def __init__(self, task, tree, tokenizer, fixed_point, objective, every, bar, label):
-            self.task, self.tree, self.tokenizer, self.fixed_point = task, tree, tokenizer, fixed_point
-            self.objective, self.every, self.bar, self.label = objective, every, bar, label
-            self.curve = []
-
-        def distribution(self, model):
-            import torch
-
-            was_training = model.training
-            with torch.no_grad():
-                probs = self.tree.probabilities(model_log_conditionals(model.eval(), self.tokenizer, self.tree))
-            model.train(was_training)
-            return probs
-
-        def record(self, model, step):
-            probs = self.distribution(model)
-            point = {
-                "step": step,
-                "optimum": total_variation(probs, self.task.optima[self.objective]),
-                "fixed_point": total_variation(probs, self.fixed_point),
-            }
-            self.curve.append(point)
-            return point
-
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            self.record(model, 0)
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-                point = self.record(model, state.global_step)
-                self.bar.set_postfix_str(
-                    f"{self.label}: TV optimum {point['optimum']:.3f}, fixed point {point['fixed_point']:.3f}"
-                )
-            self.bar.update(1)
-
-    return SequenceOptimumTracker
-
-
 def train_sequence_variant(task: SequenceTask, args, variant: str, regime: str, run_dir: Path, bar) -> dict:
     """Train `variant` from the reference; return its learned distribution over completions and its distances."""
     from datasets import Dataset
@@ -413,8 +369,12 @@ def train_sequence_variant(task: SequenceTask, args, variant: str, regime: str, 
     tokenizer = AutoTokenizer.from_pretrained(task.model_dir)
     tree = Tree(len(tokenizer), tokenizer.eos_token_id, task.length)
     fixed_point = task.fixed_points[spec.fixed_point]["probs"]
-    tracker = _tracker_class()(
-        task, tree, tokenizer, fixed_point, spec.objective, args.eval_every, bar, f"{variant} {regime}"
+    tracker = tracker_class()(
+        lambda model: tree.probabilities(model_log_conditionals(model, tokenizer, tree)),
+        {"optimum": task.optima[spec.objective], "fixed_point": fixed_point},
+        args.eval_every,
+        bar,
+        f"{variant} {regime}",
     )
     trainer_class = RPGTrainer if spec.trainer == "rpg" else GRPOTrainer
     trainer = trainer_class(
@@ -429,7 +389,7 @@ def train_sequence_variant(task: SequenceTask, args, variant: str, regime: str, 
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    probs = tracker.distribution(trainer.model)
+    probs = tracker.probabilities(trainer.model)
     return {
         "variant": variant,
         "regime": regime,

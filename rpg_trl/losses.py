@@ -55,6 +55,7 @@ import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
@@ -245,7 +246,9 @@ class RPGLossSpec:
                 f"Unknown RPG loss argument(s) {unknown}; the loss is specified by "
                 f"{[f.name for f in dataclasses.fields(cls)]}."
             )
-        cls.check(_FieldView(fields, cls), names)
+        # Checked before the frozen object exists, so that an error names the caller's field.
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        cls.check(SimpleNamespace(**{**defaults, **fields}), names)
         return cls(**fields)
 
     def check(self, names: dict[str, str] | None = None) -> None:
@@ -296,15 +299,6 @@ class RPGLossSpec:
                 f"mean (GSPO); they do not combine. Use {n('importance_sampling_level')}='token' with "
                 f"{n('kl_level')}='sequence'."
             )
-
-
-class _FieldView:
-    """The fields of a not-yet-built [`RPGLossSpec`] (defaults filled in), so that they can be checked with the
-    caller's names before the frozen object exists."""
-
-    def __init__(self, fields: dict, cls):
-        for f in dataclasses.fields(cls):
-            setattr(self, f.name, fields.get(f.name, f.default))
 
 
 def validate_rpg_hyperparameters(*, names: dict[str, str] | None = None, **fields) -> None:
@@ -476,7 +470,7 @@ def sequence_kl(ratios: RatioTensors, spec: RPGLossSpec, mask: torch.Tensor) -> 
 
 
 # ============================================================================================== the estimators
-def _reward_term_differentiable(ratios, advantages, regions, spec):
+def _reward_term_differentiable(ratios, advantages, spec):
     w = ratios.w
     if not spec.clip:
         return -w * advantages
@@ -497,7 +491,7 @@ def differentiable_per_token_loss(
     ``β·K̄`` (module docstring). Per token that is outside the trust region; with ``kl_level="sequence"`` every token
     takes this form when the clip is on (a clipped prefix changes the weights of the tokens before it too).
     """
-    reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
+    reward_loss = _reward_term_differentiable(ratios, advantages, spec)
     kl = kl_values(ratios, spec)
     if spec.clip and spec.kl_term.importance_weighted:
         log_w = ratios.log_w

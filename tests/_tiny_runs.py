@@ -89,6 +89,17 @@ def logged(trainer, key):
     return [h[key] for h in trainer.state.log_history if key in h]
 
 
+def policy_logps(trainer, prompt_ids, prompt_mask, completion_ids, completion_mask):
+    """The trainer's per-token log-probs of the completion tokens under its current model (no gradient), (B, T)."""
+    with torch.no_grad():
+        return trainer._get_per_token_logps_and_entropies(
+            trainer.model,
+            torch.cat([prompt_ids, completion_ids], 1),
+            torch.cat([prompt_mask, completion_mask], 1),
+            completion_ids.size(1),
+        )[0]
+
+
 def fixed_inputs(trainer, batch_size=8, completion_len=6, seed=0, spread=0.5):
     """A scored batch in the format `GRPOTrainer._compute_loss` receives, off-policy: π_old and π_ref are the
     current policy's log-probs shifted by independent uniform noise in [-spread, spread] (spread 0.2 keeps every
@@ -100,13 +111,7 @@ def fixed_inputs(trainer, batch_size=8, completion_len=6, seed=0, spread=0.5):
     completion_mask = torch.ones(batch_size, completion_len, dtype=torch.long)
     for i in range(batch_size):
         completion_mask[i, completion_len - (i % 4) :] = 0
-    with torch.no_grad():
-        logps = trainer._get_per_token_logps_and_entropies(
-            trainer.model,
-            torch.cat([prompt_ids, completion_ids], 1),
-            torch.cat([torch.ones_like(prompt_ids), completion_mask], 1),
-            completion_len,
-        )[0]
+    logps = policy_logps(trainer, prompt_ids, torch.ones_like(prompt_ids), completion_ids, completion_mask)
 
     def noise():
         return (2 * torch.rand(logps.shape, generator=g) - 1) * spread

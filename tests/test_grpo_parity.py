@@ -10,7 +10,15 @@ from trl import GRPOConfig, GRPOTrainer
 
 from rpg_trl import RPGConfig
 
-from _tiny_runs import assert_close_in_norm, fixed_inputs, logged, loss_and_grad, make_trainer, tiny_run_args
+from _tiny_runs import (
+    assert_close_in_norm,
+    fixed_inputs,
+    logged,
+    loss_and_grad,
+    make_trainer,
+    policy_logps,
+    tiny_run_args,
+)
 
 
 #: RPG settings whose loss is GRPO's PPO clip (+ TRL's bias-corrected k3 when beta > 0): the differentiable estimator,
@@ -59,13 +67,9 @@ def test_loss_type_normalisers_and_masks_equal_grpo_trainer(tiny_model_dir, tmp_
         trainer.off_policy_mask_threshold = 0.004
     # The off-policy mask drops some sequences (negative advantage, sequence KL above the threshold) and keeps others.
     grpo.model.eval()
-    with torch.no_grad():
-        logps = grpo._get_per_token_logps_and_entropies(
-            grpo.model,
-            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
-            inputs["completion_ids"].size(1),
-        )[0]
+    logps = policy_logps(
+        grpo, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], inputs["completion_mask"]
+    )
     kept = grpo.get_off_policy_mask(
         inputs["advantages"].unsqueeze(1), logps, inputs["old_per_token_logps"], inputs["completion_mask"], 0.004
     )

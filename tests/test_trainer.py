@@ -10,7 +10,16 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_trl.toy import build_char_tokenizer
 
-from _tiny_runs import PROMPTS, count_sevens, fixed_inputs, logged, loss_and_grad, make_trainer, tiny_run_args
+from _tiny_runs import (
+    PROMPTS,
+    count_sevens,
+    fixed_inputs,
+    logged,
+    loss_and_grad,
+    make_trainer,
+    policy_logps,
+    tiny_run_args,
+)
 
 
 @pytest.mark.parametrize("off_policy", [False, True], ids=["on-policy", "off-policy"])
@@ -56,13 +65,9 @@ def test_sequence_kl_metric_is_the_sum_of_token_terms_on_policy(tiny_model_dir, 
     # On-policy (w = W = 1) the whole-completion estimate is the sum over a completion of the per-token terms.
     trainer = make_trainer(tiny_model_dir, tmp_path, kl_anchor="reference", beta=0.1, divergence="rkl")
     inputs = fixed_inputs(trainer, spread=0.3)
-    with torch.no_grad():
-        logps = trainer._get_per_token_logps_and_entropies(
-            trainer.model,
-            torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1),
-            torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1),
-            inputs["completion_ids"].size(1),
-        )[0]
+    logps = policy_logps(
+        trainer, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], inputs["completion_mask"]
+    )
     inputs["old_per_token_logps"] = logps
     trainer.model.eval()
     trainer._compute_loss(trainer.model, inputs)

@@ -6,61 +6,9 @@
   overlong punishment).
 """
 
-from .data import (
-    AIME24_ID,
-    AIME25_ID,
-    AMC23_ID,
-    ANSWER_COLUMNS,
-    DAPO_MATH_17K_ENG_ID,
-    DAPO_MATH_17K_ID,
-    HUB_DATA_FILES,
-    PROMPT_TEMPLATE,
-    QUESTION_COLUMNS,
-    format_math_dataset,
-    load_aime24,
-    load_aime25,
-    load_amc23,
-    load_dapo_math_17k,
-    load_math_dataset,
-    make_prompt,
-    strip_prompt_template,
-)
-from .rewards import (
-    MAX_ANSWER_CHARS,
-    MAX_COMPLETION_CHARS,
-    PARSING_TIMEOUT_SECONDS,
-    VERIFY_TIMEOUT_SECONDS,
-    accuracy_reward,
-    extract_answer,
-    format_reward,
-    get_soft_overlong_punishment,
-)
+from . import data, rewards
+from .data import *  # noqa: F403
+from .rewards import *  # noqa: F403
 
 
-__all__ = [
-    "AIME24_ID",
-    "AIME25_ID",
-    "AMC23_ID",
-    "ANSWER_COLUMNS",
-    "DAPO_MATH_17K_ENG_ID",
-    "DAPO_MATH_17K_ID",
-    "HUB_DATA_FILES",
-    "MAX_ANSWER_CHARS",
-    "MAX_COMPLETION_CHARS",
-    "PARSING_TIMEOUT_SECONDS",
-    "PROMPT_TEMPLATE",
-    "QUESTION_COLUMNS",
-    "VERIFY_TIMEOUT_SECONDS",
-    "accuracy_reward",
-    "extract_answer",
-    "format_math_dataset",
-    "format_reward",
-    "get_soft_overlong_punishment",
-    "load_aime24",
-    "load_aime25",
-    "load_amc23",
-    "load_dapo_math_17k",
-    "load_math_dataset",
-    "make_prompt",
-    "strip_prompt_template",
-]
+__all__ = [*data.__all__, *rewards.__all__]

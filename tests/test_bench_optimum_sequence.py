@@ -101,3 +101,25 @@ def test_training_lands_on_the_optimum_with_sequence_kl_and_on_the_token_fixed_p
         sequence, token = (train_sequence_variant(task, args, v, "on-policy", tmp_path / v, bar) for v in names)
     assert sequence["tv_optimum"] < 0.06, sequence["tv_optimum"]
     assert token["tv_fixed_point"] < 0.08 and token["tv_optimum"] > 0.15, token
+
+
+def test_command_writes_table_figure_and_json(tmp_path, capsys):
+    """`rpg-trl bench-optimum --completion_length 2` end to end on one short run: the table (printed and written), the
+    figure, the JSON at `--output-json` with the machine it ran on."""
+    import json
+
+    from rpg_trl import cli
+
+    output_json = tmp_path / "elsewhere" / "sequence.json"
+    argv = ["bench-optimum", "--completion_length", "2", "--output-dir", str(tmp_path / "out")]
+    argv += ["--output-json", str(output_json), "--variants", "RPG-URKL (sequence)", "--regimes", "on-policy"]
+    argv += ["--steps", "4", "--batch_size", "16"]
+    assert cli.main(argv) == 0
+    table = (tmp_path / "out" / "table.md").read_text()
+    assert table in capsys.readouterr().out and "| RPG-URKL | sequence | reverse-KL |" in table
+    assert (tmp_path / "out" / "bench_optimum_sequence.png").exists()
+    report = json.loads(output_json.read_text())
+    (run,) = report["runs"]
+    assert (run["variant"], run["regime"], run["level"]) == ("RPG-URKL (sequence)", "on-policy", "sequence")
+    assert sum(run["probs"]) == pytest.approx(1.0) and run["curve"][0]["step"] == 0
+    assert report["machine"]["cpu_capability"] and report["task"]["fixed_points"]["urkl/sequence"]["residual"] < 1e-3

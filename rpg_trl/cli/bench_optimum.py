@@ -629,8 +629,11 @@ def plot_results(task: Task, runs: list[dict], output: str) -> str:
     return output
 
 
-def run_bench(args: BenchOptimumArguments) -> dict:
-    """Build the task, train every (variant, regime) and write ``table.md``, the plot and the JSON results."""
+def run_benchmark(args, build, train, format_table, plot, figure_name: str, table_keys: tuple) -> dict:
+    """The loop of both benchmarks: `build(directory, args)` the task in ``<output_dir>/reference``, `train(task, args,
+    variant, regime, run_dir, bar)` every (variant, regime) under one progress bar, then write ``table.md``
+    (`format_table(task, runs, args)`), the figure `figure_name` (`plot(task, runs, path)`) and the JSON results
+    (the `table_keys` of each run in its ``table``, the task, the runs, the arguments and the machine)."""
     from tqdm.auto import tqdm
     from transformers.utils import logging as hf_logging
 
@@ -643,21 +646,20 @@ def run_bench(args: BenchOptimumArguments) -> dict:
     hf_logging.disable_progress_bar()  # model loading/saving bars would break the benchmark's own
     try:
         with cpu_session(args.num_threads):
-            task = build_task(output_dir / "reference", args)
+            task = build(output_dir / "reference", args)
             pairs = [(v, r) for v in args.variants for r in REGIMES if r in args.regimes]
             runs = []
             with tqdm(total=len(pairs) * args.steps, desc="bench-optimum", unit="step", dynamic_ncols=True) as bar:
                 for variant, regime in pairs:
-                    run_dir = output_dir / "runs" / variant / regime
-                    runs.append(train_variant(task, args, variant, regime, run_dir, bar))
+                    run_dir = output_dir / "runs" / variant.replace(" ", "_") / regime
+                    runs.append(train(task, args, variant, regime, run_dir, bar))
     finally:
         if bars:
             hf_logging.enable_progress_bar()
-    table = format_table(task, runs, args)
-    (output_dir / "table.md").write_text(table)
-    figure = plot_results(task, runs, str(output_dir / "bench_optimum.png"))
+    (output_dir / "table.md").write_text(format_table(task, runs, args))
+    figure = plot(task, runs, str(output_dir / figure_name))
     report = {
-        "table": [{k: r[k] for k in ("variant", "regime", "objective", "tv", "probs", "seconds")} for r in runs],
+        "table": [{k: r[k] for k in table_keys} for r in runs],
         "task": asdict(task),
         "runs": runs,
         "seconds": time.perf_counter() - start,
@@ -670,6 +672,12 @@ def run_bench(args: BenchOptimumArguments) -> dict:
     output_json.write_text(json.dumps(report, indent=2) + "\n")
     report["output_json"] = str(output_json)
     return report
+
+
+def run_bench(args: BenchOptimumArguments) -> dict:
+    """Build the one-token task, train every (variant, regime) and write ``table.md``, the plot and the JSON results."""
+    keys = ("variant", "regime", "objective", "tv", "probs", "seconds")
+    return run_benchmark(args, build_task, train_variant, format_table, plot_results, "bench_optimum.png", keys)
 
 
 def add_parser(subparsers):

@@ -31,19 +31,17 @@ probabilities from the model's own next-token distributions. The reward is non-a
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
-from . import machine
 from .bench_optimum import (
     OPTIMA,
     OPTIMUM_OF_DIVERGENCE,
-    REGIMES,
     effective_reward_scale,
     kl_optimum,
+    run_benchmark,
     total_variation,
     tracker_class,
     trainer_config,
@@ -509,45 +507,13 @@ def plot_sequence_results(task: SequenceTask, runs: list[dict], output: str) -> 
 
 def run_sequence_bench(args) -> dict:
     """Build the task, train every (variant, regime) and write ``table.md``, the figure and the JSON results."""
-    from tqdm.auto import tqdm
-    from transformers.utils import logging as hf_logging
-
-    from ..toy.training import cpu_session
-
-    start = time.perf_counter()
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        with cpu_session(args.num_threads):
-            task = build_sequence_task(output_dir / "reference", args)
-            pairs = [(v, r) for v in args.variants for r in REGIMES if r in args.regimes]
-            runs = []
-            with tqdm(total=len(pairs) * args.steps, desc="bench-optimum", unit="step", dynamic_ncols=True) as bar:
-                for variant, regime in pairs:
-                    run_dir = output_dir / "runs" / variant.replace(" ", "_") / regime
-                    runs.append(train_sequence_variant(task, args, variant, regime, run_dir, bar))
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-    table = format_sequence_table(task, runs, args)
-    (output_dir / "table.md").write_text(table)
-    figure = plot_sequence_results(task, runs, str(output_dir / "bench_optimum_sequence.png"))
-    report = {
-        "table": [
-            {k: r[k] for k in ("variant", "regime", "level", "objective", "tv_optimum", "tv_fixed_point", "seconds")}
-            for r in runs
-        ],
-        "task": asdict(task),
-        "runs": runs,
-        "seconds": time.perf_counter() - start,
-        "arguments": asdict(args),
-        "machine": machine(),
-        "figure": figure,
-    }
-    output_json = Path(args.output_json) if args.output_json else output_dir / "results.json"
-    output_json.parent.mkdir(parents=True, exist_ok=True)
-    output_json.write_text(json.dumps(report, indent=2) + "\n")
-    report["output_json"] = str(output_json)
-    return report
+    keys = ("variant", "regime", "level", "objective", "tv_optimum", "tv_fixed_point", "seconds")
+    return run_benchmark(
+        args,
+        build_sequence_task,
+        train_sequence_variant,
+        format_sequence_table,
+        plot_sequence_results,
+        "bench_optimum_sequence.png",
+        keys,
+    )

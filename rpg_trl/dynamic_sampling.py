@@ -20,8 +20,8 @@ How it fits TRL's [`~trl.GRPOTrainer`]:
   so over a run every prompt is drawn about equally often and the stream advances through the data. A batch never
   holds a prompt twice: prompts already in it (the data loader's, gathered from every process, and earlier rounds')
   are passed over, unless the dataset is too small to avoid it. Every process holds the same stream and draws the same
-  global prompts, and takes its own slice (disjoint prompts). The stream's position is saved in checkpoints with the
-  generation state ([`rpg_trl.reliability.generation_state`]), so a resumed run draws what the interrupted one would have. An extra round
+  global prompts, and takes its own slice (disjoint prompts). The stream's position is saved in checkpoints
+  ([`DynamicSamplingMixin`]), so a resumed run draws what the interrupted one would have. An extra round
   draws as many prompts as the observed keep rate predicts are still missing on the neediest process, at most a full
   batch. (TRL's data loader keeps its own epoch: the replacement prompts do not shorten it.)
 - Advantages are TRL's, computed per generation round: with `scale_rewards="group"` or `"none"` (the paper's) they
@@ -41,7 +41,9 @@ and DAPO losses, for the baselines of `examples/rpg_math.py`).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
+import os
 from collections.abc import Callable, Hashable, Sequence
 
 import numpy as np
@@ -270,14 +272,18 @@ def num_loss_tokens(batch: dict) -> torch.Tensor:
     return mask.sum()
 
 
-def _signal_rewards(trainer, metric: str | None) -> torch.Tensor:
+def weighted_reward_sum(rewards_per_func: torch.Tensor, reward_weights: torch.Tensor) -> torch.Tensor:
+    """Each completion's reward as GRPOTrainer sums it: the weighted sum of its reward functions' values, NaN (an
+    unscorable completion) where every function returned None."""
+    rewards = (rewards_per_func * reward_weights.to(rewards_per_func.device).unsqueeze(0)).nansum(dim=1)
+    rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
+    return rewards
+
+
+def _signal_rewards(trainer, rewards_per_func: torch.Tensor, metric: str | None) -> torch.Tensor:
     """The per-completion rewards (gathered over processes) that decide which groups have signal."""
-    rewards_per_func = trainer._dynamic_sampling_rewards
     if metric is None:
-        weights = trainer.reward_weights.to(rewards_per_func.device)
-        rewards = (rewards_per_func * weights.unsqueeze(0)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan
-        return rewards
+        return weighted_reward_sum(rewards_per_func, trainer.reward_weights)
     if metric not in trainer.reward_func_names:
         raise ValueError(
             f"`dynamic_sampling_metric={metric!r}` is not one of the reward functions {trainer.reward_func_names}. "
@@ -309,9 +315,9 @@ def _draw_extra_inputs(trainer, groups_per_process: int, exclude: set) -> list:
         collate = trainer.data_collator
     else:
         collate = trainer._get_collator_with_removed_columns(trainer.data_collator, description="training")
-    stream = getattr(trainer, "_prompt_stream", None)
+    stream = trainer.prompt_stream
     if stream is None or stream.dataset_size != len(dataset):
-        stream = trainer._prompt_stream = PromptStream(len(dataset), trainer.args.seed)
+        stream = trainer.prompt_stream = PromptStream(len(dataset), trainer.args.seed)
     rows = {}
 
     def key(index):
@@ -326,18 +332,21 @@ def _draw_extra_inputs(trainer, groups_per_process: int, exclude: set) -> list:
     return collate([rows[i] for i in local for _ in range(trainer.num_generations)])
 
 
-def generate_with_dynamic_sampling(trainer, generate_round: Callable[[list], dict], inputs: list) -> dict:
+def generate_with_dynamic_sampling(
+    trainer, generate_round: Callable[[list], tuple[dict, torch.Tensor]], inputs: list
+) -> dict:
     """
-    DAPO dynamic sampling around one call of a GRPO trainer's `_generate_and_score_completions` (see the module
-    docstring).
+    DAPO dynamic sampling around a GRPO trainer's generation rounds (see the module docstring).
 
     Args:
         trainer ([`~trl.GRPOTrainer`]):
-            A trainer whose `_calculate_rewards` stores its gathered rewards in `trainer._dynamic_sampling_rewards`
-            (see [`DynamicSamplingMixin`]) and whose `args` has `dynamic_sampling_max_rounds` and
-            `dynamic_sampling_metric`.
-        generate_round (`Callable[[list], dict]`):
-            The parent's `_generate_and_score_completions`: local inputs in, scored local batch out.
+            The trainer: its `args` has `dynamic_sampling_max_rounds` and `dynamic_sampling_metric`, and its
+            `prompt_stream` attribute holds the [`PromptStream`] of replacement prompts (None until the first extra
+            round creates it; see [`DynamicSamplingMixin`]).
+        generate_round (`Callable[[list], tuple[dict, torch.Tensor]]`):
+            One generation round: local inputs in; out, the scored local batch (the parent's
+            `_generate_and_score_completions`) and the round's rewards, `(completions of all processes, reward
+            functions)`, gathered over processes in process order (what `_calculate_rewards` returns).
         inputs (`list`):
             The local generation batch from the training dataloader.
 
@@ -363,9 +372,11 @@ def generate_with_dynamic_sampling(trainer, generate_round: Callable[[list], dic
     round_inputs = inputs
     in_batch = None  # fingerprints of the batch's prompts, gathered at the first extra round
     for round_index in range(1, args.dynamic_sampling_max_rounds + 1):
-        outputs.append(generate_round(round_inputs))
+        batch, rewards_per_func = generate_round(round_inputs)
+        outputs.append(batch)
         # Gathered over processes in process order, so every process sees the same (P, groups per process) table.
-        signal = groups_with_signal(_signal_rewards(trainer, args.dynamic_sampling_metric), num_generations)
+        rewards = _signal_rewards(trainer, rewards_per_func, args.dynamic_sampling_metric)
+        signal = groups_with_signal(rewards, num_generations)
         signal = signal.view(num_processes, -1).cpu()
         local_signals.append(signal[process_index])
         kept_per_process += signal.sum(dim=1)
@@ -391,21 +402,70 @@ def generate_with_dynamic_sampling(trainer, generate_round: Callable[[list], dic
     return batch
 
 
+#: File, inside a checkpoint folder, where [`DynamicSamplingMixin`] saves its [`PromptStream`]'s position.
+PROMPT_STREAM_FILE = "rpg_prompt_stream.json"
+
+
 class DynamicSamplingMixin:
     """
     Adds DAPO dynamic sampling to a [`~trl.GRPOTrainer`] subclass, e.g. `class DAPOTrainer(DynamicSamplingMixin,
     GRPOTrainer)`. Its `args` must carry [`~rpg_trl.RPGConfig`]'s `dynamic_sampling`, `dynamic_sampling_max_rounds` and
-    `dynamic_sampling_metric` (a plain `GRPOConfig` has none of them: sampling is then TRL's). The position of the
-    replacement prompts is saved in checkpoints by [`rpg_trl.reliability.ReliabilityMixin`] ([`rpg_trl.reliability.generation_state`]), as
-    in [`~rpg_trl.RPGTrainer`]; with this mixin alone a resumed run reads the stream from its start again.
+    `dynamic_sampling_metric` ([`~rpg_trl.config.DynamicSamplingArguments`]; a plain `GRPOConfig` has none of them:
+    sampling is then TRL's).
+
+    Its state is its own: `prompt_stream`, where the replacement prompts continue, is saved with the RNG state of each
+    checkpoint ([`PROMPT_STREAM_FILE`]) and restored on resume, so a resumed run draws what the interrupted one would
+    have. Subclasses see each generation round through one public hook, [`score_generation_round`], which receives
+    the round's scored batch and its gathered rewards before groups are chosen (the baselines add per-completion
+    columns there).
     """
+
+    #: The replacement prompts of dynamic sampling ([`PromptStream`]); None until the first extra round needs one.
+    prompt_stream: PromptStream | None = None
+
+    def score_generation_round(self, batch: dict, rewards_per_func: torch.Tensor) -> dict:
+        """Hook called once per generation round (training and evaluation, with or without dynamic sampling) with
+        the round's scored local batch and its rewards `(completions of all processes, reward functions)`, gathered
+        over processes; returns the batch, to which a subclass may add per-completion entries (tensors or lists with
+        one row per completion: they are kept or dropped with their group). The default returns it unchanged."""
+        return batch
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._dynamic_sampling_rewards = rewards_per_func  # gathered over processes; read by dynamic sampling
+        self._round_rewards_per_func = rewards_per_func  # gathered over processes; handed on by `_generate_round`
         return rewards_per_func
+
+    def _generate_round(self, inputs) -> tuple[dict, torch.Tensor]:
+        """One round of the parent's `_generate_and_score_completions`, passed through [`score_generation_round`];
+        returns the batch and the round's gathered rewards."""
+        self._round_rewards_per_func = None
+        batch = super()._generate_and_score_completions(inputs)
+        rewards_per_func = self._round_rewards_per_func
+        if rewards_per_func is None:
+            raise RuntimeError(
+                f"{type(self).__name__}._generate_and_score_completions did not call `_calculate_rewards`: dynamic "
+                "sampling needs the rewards of each round. Put DynamicSamplingMixin before GRPOTrainer in the class "
+                "line, and call `super()._calculate_rewards` in overrides."
+            )
+        return self.score_generation_round(batch, rewards_per_func), rewards_per_func
 
     def _generate_and_score_completions(self, inputs):
         if getattr(self.args, "dynamic_sampling", False) and self.model.training:
-            return generate_with_dynamic_sampling(self, super()._generate_and_score_completions, inputs)
-        return super()._generate_and_score_completions(inputs)
+            return generate_with_dynamic_sampling(self, self._generate_round, inputs)
+        return self._generate_round(inputs)[0]
+
+    def _save_rng_state(self, output_dir):
+        # Where the replacement prompts continue is sampling state, like the RNG: saved with it, by the processes that
+        # write the checkpoint (the stream is the same on every process), read by every process on resume.
+        super()._save_rng_state(output_dir)
+        if self.prompt_stream is not None and self.args.should_save:
+            os.makedirs(output_dir, exist_ok=True)
+            with open(os.path.join(output_dir, PROMPT_STREAM_FILE), "w") as f:
+                json.dump(self.prompt_stream.state_dict(), f)
+
+    def _load_rng_state(self, checkpoint):
+        super()._load_rng_state(checkpoint)
+        path = None if checkpoint is None else os.path.join(checkpoint, PROMPT_STREAM_FILE)
+        if path is not None and os.path.isfile(path):
+            with open(path) as f:
+                self.prompt_stream = PromptStream(**json.load(f))

@@ -702,6 +702,17 @@ def rpg_loss(
     return loss, summarize_stats(stats, fmask)
 
 
+#: The per-token means of [`summarize_stats`] (fractions of the active tokens), in the order the trainers log them.
+TOKEN_MEAN_METRICS = (
+    "kl",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/dual_mean",
+    "clip_ratio/region_mean",
+    "importance_weight/mean",
+)
+
+
 def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, torch.Tensor]:
     """Reduce the per-token stats of [`rpg_per_token_loss`] to the detached scalar metrics of [`rpg_loss`]."""
     with torch.no_grad():
@@ -711,11 +722,17 @@ def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[
         region = torch.maximum(
             torch.maximum(stats["is_low_clipped"], stats["is_high_clipped"]), stats["is_dual_clipped"]
         )
-        keys = ("kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/dual_mean", "clip_ratio/region_mean")
-        per_token = (stats["kl"], stats["is_low_clipped"], stats["is_high_clipped"], stats["is_dual_clipped"], region)
         w = stats["importance_weight"]
-        sums = torch.stack([(x * mask).sum() for x in (*per_token, w)]) / num_tokens.clamp(min=1.0)
-        metrics = dict(zip((*keys, "importance_weight/mean"), sums.unbind()))
+        per_token = (
+            stats["kl"],
+            stats["is_low_clipped"],
+            stats["is_high_clipped"],
+            stats["is_dual_clipped"],
+            region,
+            w,
+        )
+        sums = torch.stack([(x * mask).sum() for x in per_token]) / num_tokens.clamp(min=1.0)
+        metrics = dict(zip(TOKEN_MEAN_METRICS, sums.unbind()))
         # Masked max/min without boolean indexing (which copies and synchronises); NaN when no token is active.
         nan = torch.full((), float("nan"), dtype=w.dtype, device=w.device)
         w_max = torch.where(active, w, torch.full((), -math.inf, dtype=w.dtype, device=w.device)).amax()

@@ -31,7 +31,7 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from .config import DynamicSamplingArguments
-from .dynamic_sampling import DynamicSamplingMixin, generate_with_dynamic_sampling
+from .dynamic_sampling import DynamicSamplingMixin, weighted_reward_sum
 from .reliability import ReliabilityMixin
 
 
@@ -281,11 +281,9 @@ class ReinforcePlusPlusTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrain
         self.kl_in_reward = args.kl_penalty == "reward" and args.beta != 0.0
 
     def _generate_and_score_completions(self, inputs):
-        # Replaces DynamicSamplingMixin's override: the groups are chosen round by round, then whitened together.
-        if self.args.dynamic_sampling and self.model.training:
-            batch = generate_with_dynamic_sampling(self, self._score_round, inputs)
-        else:
-            batch = self._score_round(inputs)
+        # Through DynamicSamplingMixin (which keeps or drops whole groups, with the columns added by
+        # `score_generation_round`) to GRPOTrainer; the advantages are whitened over the final batch.
+        batch = super()._generate_and_score_completions(inputs)
         scores, kl = batch.pop("rfpp_scores"), batch.pop("rfpp_kl")
         mask = batch["completion_mask"]
         if batch.get("tool_mask") is not None:
@@ -305,17 +303,17 @@ class ReinforcePlusPlusTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrain
             self._metrics[mode]["kl"].append((totals[0] / totals[1].clamp(min=1.0)).item())
         return batch
 
-    def _score_round(self, inputs):
-        """One generation round of GRPOTrainer, plus each completion's score (step 1) and per-token k1 KL."""
-        batch = GRPOTrainer._generate_and_score_completions(self, inputs)
-        rewards_per_func = self._dynamic_sampling_rewards  # (all processes' completions, reward functions)
-        rewards = (rewards_per_func * self.reward_weights.to(rewards_per_func.device)).nansum(dim=1)
-        rewards[torch.isnan(rewards_per_func).all(dim=1)] = torch.nan  # unscorable: left out, score 0, as in TRL
+    def score_generation_round(self, batch, rewards_per_func):
+        """Each completion's score (step 1) and per-token KL estimate, as the columns `rfpp_scores` and `rfpp_kl` of
+        the round's batch (DynamicSamplingMixin's hook: they follow their group when dynamic sampling chooses)."""
+        batch = super().score_generation_round(batch, rewards_per_func)
+        rewards = weighted_reward_sum(rewards_per_func, self.reward_weights)  # NaN: unscorable, score 0, as in TRL
         mode = "train" if self.model.training else "eval"
         num_generations = self.num_generations if mode == "train" else self.num_generations_eval
         scores = outcome_scores(rewards, num_generations, self.args.advantage_estimator)
-        start = self.accelerator.process_index * len(inputs)
-        batch["rfpp_scores"] = scores[start : start + len(inputs)].to(batch["completion_mask"].device)
+        num_local = len(batch["completion_ids"])
+        start = self.accelerator.process_index * num_local
+        batch["rfpp_scores"] = scores[start : start + num_local].to(batch["completion_mask"].device)
         if self.kl_in_reward:
             batch["rfpp_kl"] = self._token_kl(batch, mode)
         else:

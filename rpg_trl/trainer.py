@@ -11,12 +11,12 @@ from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from .config import RPGConfig
 from .dynamic_sampling import DynamicSamplingMixin
-from .losses import aggregate_loss, rpg_per_token_loss, summarize_stats
+from .losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
 from .ref_sync import RefModelSyncCallback
-from .reliability import ImportanceWeightMonitor, ReliabilityMixin
+from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
 
 
-class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
+class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitorMixin, GRPOTrainer):
     """
     Trainer for Regularized Policy Gradient (RPG).
 
@@ -27,12 +27,14 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
     with [`~trl.GRPOTrainer`], the loss is RPG's ([`rpg_trl.losses`]), normalised as TRL normalises each `loss_type`,
     and with `kl_anchor="sampling"` no reference model is created.
 
-    The class line shows its parts: [`~rpg_trl.reliability.ReliabilityMixin`] (reward guard, exact resume, dataset
-    and length checks) and [`~rpg_trl.dynamic_sampling.DynamicSamplingMixin`] (DAPO dynamic sampling), which the
-    baseline trainers of `examples/rpg_math.py` share. RPG's own methods: `_compute_loss` (RPG's per-token loss, TRL's
-    masks on the reward term, TRL's normalisers, entropy bonus and metrics), `_save_checkpoint` and
+    The class line shows its parts, each with its own state: [`~rpg_trl.reliability.ReliabilityMixin`] (reward guard,
+    exact resume, dataset and length checks) and [`~rpg_trl.dynamic_sampling.DynamicSamplingMixin`] (DAPO dynamic
+    sampling), which the baseline trainers share, and
+    [`~rpg_trl.reliability.importance_weights.ImportanceWeightMonitorMixin`] (a warning when importance weights
+    explode), which [`~rpg_trl.async_rpg.AsyncRPGTrainer`] shares. RPG's own methods: `_compute_loss` (RPG's per-token
+    loss, TRL's masks on the reward term, TRL's normalisers, entropy bonus and metrics), `_save_checkpoint` and
     `_load_optimizer_and_scheduler` (the synced reference of the paper's iterative reference update, Sec. 5,
-    [`RefModelSyncCallback`]) and `log` (a warning when importance weights explode).
+    [`RefModelSyncCallback`]).
 
     Generation, rewards, vLLM, PEFT, DeepSpeed/FSDP, gradient accumulation and logging are otherwise TRL's.
     """
@@ -78,7 +80,6 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
         finally:
             args.beta = rpg_beta
             args.sync_ref_model = sync_ref_model
-        self._importance_weight_monitor = ImportanceWeightMonitor(args.importance_weight_warning_threshold)
         #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
         self.ref_sync_callback = RefModelSyncCallback.install(self)
 
@@ -228,8 +229,7 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
         """Log TRL-named metrics (`kl`, `entropy`, `clip_ratio/...`) and RPG's, reduced across processes."""
         fmask = mask.to(torch.float32)
         local = summarize_stats(stats, fmask)
-        means = ("kl", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/dual_mean", "clip_ratio/region_mean")
-        means += ("importance_weight/mean",)
+        means = TOKEN_MEAN_METRICS
         count = fmask.sum()
         entropy_sum = (entropies.detach().to(torch.float32) * fmask).sum()
         sequences = local["num_sequences"]
@@ -273,8 +273,3 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and self.ref_sync_callback is not None:
             self.ref_sync_callback.load_checkpoint(self, checkpoint)
-
-    def log(self, logs, start_time=None):
-        if self.model.training:  # warn (rate-limited) when the importance weights of this logging interval exploded
-            self._importance_weight_monitor.check_logged(self._metrics["train"], self.state.global_step)
-        super().log(logs, start_time)

@@ -49,7 +49,7 @@ if __name__ == "__main__":
     trainer.recorded = []
     trainer.train()
     rounds = [h["dynamic_sampling/rounds"] for h in trainer.state.log_history if "dynamic_sampling/rounds" in h]
-    stream = getattr(trainer, "_prompt_stream", None)
+    stream = trainer.prompt_stream
     report = {"batches": trainer.recorded, "rounds": rounds, "stream": stream and stream.state_dict()}
     with open(os.path.join(out_dir, f"rank{trainer.accelerator.process_index}.json"), "w") as f:
         json.dump(report, f)

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from unittest.mock import PropertyMock, patch
@@ -15,9 +16,13 @@ from unittest.mock import PropertyMock, patch
 import pytest
 import torch
 from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
 
 from rpg_trl import RPGConfig, RPGTrainer
+from rpg_trl.config import DynamicSamplingArguments
 from rpg_trl.dynamic_sampling import (
+    PROMPT_STREAM_FILE,
+    DynamicSamplingMixin,
     PromptStream,
     choose_groups,
     concat_batches,
@@ -204,6 +209,7 @@ def _fake_trainer(num_processes, process_index, max_rounds, first_round, dataset
         num_generations=num_generations,
         accelerator=_FakeAccelerator(num_processes, process_index, first_round),
         _metrics={"train": defaultdict(list)},
+        prompt_stream=None,
         _tokenizer=SimpleNamespace(pad_token_id=0),
         train_dataset=Dataset.from_dict({"prompt": [f"p{i}" for i in range(dataset_size)]}),
         _remove_unused_columns=lambda dataset, description: dataset,
@@ -227,11 +233,10 @@ def _simulated_generate_round(trainer, all_inputs_of_round):
         rewards = []
         for row in global_inputs[:: trainer.num_generations]:
             rewards += [1.0, 0.0] if _signal(row["prompt"]) else [1.0, 1.0]
-        trainer._dynamic_sampling_rewards = torch.tensor(rewards).unsqueeze(1)
         n = len(local_inputs)
         batch = _scored_batch([1] * n, [1 + i % 3 for i in range(n)], [0.0] * n)
         batch["prompt"] = [row["prompt"] for row in local_inputs]
-        return batch
+        return batch, torch.tensor(rewards).unsqueeze(1)
 
     return generate_round
 
@@ -421,7 +426,7 @@ def test_a_resumed_run_draws_the_replacement_prompts_the_interrupted_one_would_h
 
     full = run(tmp_path / "full")
     checkpoint = tmp_path / "full" / "checkpoint-2"
-    saved = torch.load(checkpoint / "rpg_generation_state.pt", weights_only=True)["prompt_stream"]
+    saved = json.loads((checkpoint / "rpg_prompt_stream.json").read_text())
     assert saved["position"] > 0  # step 1's generation drew replacement prompts
     resumed = run(tmp_path / "resumed", resume=str(checkpoint))
 
@@ -432,7 +437,7 @@ def test_a_resumed_run_draws_the_replacement_prompts_the_interrupted_one_would_h
     assert any(h.get("dynamic_sampling/rounds", 1) >= 2 for h in after_step_2(full))  # step 3 drew replacements
     assert after_step_2(resumed) == after_step_2(full)
     assert torch.equal(resumed.recorded[0]["prompt_ids"], full.recorded[1]["prompt_ids"])
-    assert resumed._prompt_stream.state_dict() == full._prompt_stream.state_dict() != saved
+    assert resumed.prompt_stream.state_dict() == full.prompt_stream.state_dict() != saved
     for a, b in zip(resumed.model.parameters(), full.model.parameters()):
         assert torch.equal(a, b)
 
@@ -470,3 +475,39 @@ def test_unknown_metric_name_is_reported(tiny_model_dir, tmp_path):
     )
     with pytest.raises(ValueError, match=r"'accuracy'.*sevens_unless_even"):
         trainer.train()
+
+
+@dataclass
+class DynamicGRPOConfig(DynamicSamplingArguments, GRPOConfig):
+    """TRL's GRPO configuration with the fields of dynamic sampling (module level: checkpoints pickle it)."""
+
+
+class DynamicGRPOTrainer(DynamicSamplingMixin, GRPOTrainer):
+    """TRL's GRPO with dynamic sampling and none of RPG's other mixins."""
+
+
+def test_the_mixin_alone_saves_and_restores_its_prompt_stream(tiny_model_dir, tmp_path):
+    """DynamicSamplingMixin keeps its own state: on a GRPOTrainer without RPG's other mixins, a run resumed from a
+    checkpoint continues the replacement-prompt stream where the interrupted run was (rpg_prompt_stream.json), and
+    ends with the uninterrupted run's stream."""
+
+    def run(output_dir, resume=None):
+        overrides = dict(max_steps=4, dynamic_sampling=True, dynamic_sampling_max_rounds=8, save_strategy="steps")
+        args = DynamicGRPOConfig(**tiny_run_args(output_dir, save_steps=2, **overrides))
+        trainer = DynamicGRPOTrainer(
+            tiny_model_dir,
+            sevens_unless_even,
+            args=args,
+            train_dataset=PROMPTS,
+            processing_class=build_char_tokenizer(),
+        )
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    full = run(tmp_path / "full")
+    checkpoint = tmp_path / "full" / "checkpoint-2"
+    saved = json.loads((checkpoint / PROMPT_STREAM_FILE).read_text())
+    assert saved["position"] > 0  # the first steps drew replacement prompts
+    resumed = run(tmp_path / "resumed", resume=str(checkpoint))
+    assert full.prompt_stream.state_dict() != saved  # steps 3-4 drew more
+    assert resumed.prompt_stream.state_dict() == full.prompt_stream.state_dict()

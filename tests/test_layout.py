@@ -143,3 +143,38 @@ def test_nothing_in_the_repository_imports_the_old_paths():
         if bad:
             found[str(path.relative_to(PACKAGE.parent))] = bad
     assert found == {}
+
+
+def test_the_importance_weight_monitor_moved_with_an_alias():
+    """The importance-weight monitor has its own module (with its trainer mixin); the old name in `checks` warns and
+    gives the same objects."""
+    import rpg_trl.reliability as reliability
+    import rpg_trl.reliability.checks as checks
+    from rpg_trl.reliability import importance_weights
+
+    for name in ("ImportanceWeightMonitor", "IMPORTANCE_WEIGHT_WARNING_INTERVAL"):
+        with pytest.warns(FutureWarning, match=re.escape(f"rpg_trl.reliability.importance_weights import {name}")):
+            assert getattr(checks, name) is getattr(importance_weights, name)
+    assert reliability.ImportanceWeightMonitor is importance_weights.ImportanceWeightMonitor
+    with pytest.raises(AttributeError):
+        checks.no_such_name  # noqa: B018
+
+
+def test_the_mixins_keep_to_their_own_attributes():
+    """No mixin reads or writes a private attribute that another part of the package defines: each private attribute
+    (`self._x` / `trainer._x` assigned in rpg_trl) is used only in the module that assigns it, or is TRL's."""
+    assigned: dict[str, set[str]] = {}
+    used: dict[str, set[str]] = {}
+    for path in _library_modules():
+        module = _module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "trainer"):
+                    target = assigned if isinstance(node.ctx, ast.Store) else used
+                    target.setdefault(node.attr, set()).add(module)
+    crossing = {
+        name: sorted(users - assigned[name])
+        for name, users in used.items()
+        if name in assigned and users - assigned[name]
+    }
+    assert crossing == {}

@@ -12,8 +12,8 @@ from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollou
 from trl.experimental.async_grpo.packing import TREE_ATTENTION
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, nanmax, nanmin, pad
 
-from ..losses import aggregate_loss, rpg_per_token_loss, summarize_stats
-from ..reliability.checks import ImportanceWeightMonitor
+from ..losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
+from ..reliability.importance_weights import ImportanceWeightMonitorMixin
 from ..trainer import RPGTrainer
 from .config import AsyncRPGConfig
 
@@ -24,15 +24,6 @@ from .config import AsyncRPGConfig
 POLICY_VERSION_KEY = "__rpg_trl_policy_version__"
 #: Batch column of the policy version of each sample of a row, `-1` for padding (shape `(processes, samples)`).
 SAMPLE_VERSION_COLUMN = "sample_model_version"
-#: The per-token means logged by the trainer (summarize_stats' keys), reduced over processes.
-_MEAN_METRICS = (
-    "kl",
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/dual_mean",
-    "clip_ratio/region_mean",
-    "importance_weight/mean",
-)
 
 
 class _VersionStampingQueue:
@@ -66,7 +57,7 @@ class _PolicyVersionCollator:
         return batch
 
 
-class AsyncRPGTrainer(AsyncGRPOTrainer):
+class AsyncRPGTrainer(ImportanceWeightMonitorMixin, AsyncGRPOTrainer):
     """
     Trainer for Regularized Policy Gradient (RPG) with asynchronous rollouts.
 
@@ -106,7 +97,6 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         self.loss_spec = args.rpg_loss_spec()
         self._tag_names = [*type(self)._tag_names, self.loss_spec.paper_name.lower()]
         super().__init__(model, reward_funcs, args=args, **kwargs)
-        self._importance_weight_monitor = ImportanceWeightMonitor(args.importance_weight_warning_threshold)
         #: Frozen KL anchor with `kl_anchor="reference"` (None with PEFT: the base model, adapter disabled).
         self.ref_model = None
         if args.kl_anchor == "reference" and not is_peft_model(self.accelerator.unwrap_model(self.model)):
@@ -228,15 +218,15 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
         metrics = self._metrics["train"]
         local = summarize_stats(stats, mask)
         count = local["num_tokens"]
-        totals = [local[key] * count for key in _MEAN_METRICS] + [entropy.detach().float().sum(), count]
+        totals = [local[key] * count for key in TOKEN_MEAN_METRICS] + [entropy.detach().float().sum(), count]
         if sample_versions is not None:
             valid = sample_versions >= 0
             totals += [(sample_versions * valid).sum().float(), valid.sum().float()]
         totals = self.accelerator.reduce(torch.stack(totals), reduction="sum")
-        global_count = totals[len(_MEAN_METRICS) + 1].clamp(min=1.0)
-        for i, key in enumerate(_MEAN_METRICS):
+        global_count = totals[len(TOKEN_MEAN_METRICS) + 1].clamp(min=1.0)
+        for i, key in enumerate(TOKEN_MEAN_METRICS):
             metrics[key].append((totals[i] / global_count).item())
-        metrics["entropy"].append((totals[len(_MEAN_METRICS)] / global_count).item())
+        metrics["entropy"].append((totals[len(TOKEN_MEAN_METRICS)] / global_count).item())
 
         # Per-completion extremes of the clip fractions (as AsyncGRPOTrainer) and of the importance weight.
         num_seq = int(segment_id.max()) + 1 if segment_id.numel() else 1
@@ -267,8 +257,3 @@ class AsyncRPGTrainer(AsyncGRPOTrainer):
             mean_version = (totals[-2] / totals[-1].clamp(min=1.0)).item()
             metrics["staleness/mean"].append(self.model_version - mean_version)
             metrics["staleness/max"].append(float(self.model_version - oldest))
-
-    def log(self, logs, start_time=None):
-        if self.model.training:  # warn (rate-limited) when the importance weights of this logging interval exploded
-            self._importance_weight_monitor.check_logged(self._metrics["train"], self.state.global_step)
-        super().log(logs, start_time)

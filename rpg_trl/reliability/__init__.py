@@ -11,6 +11,8 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
   resumed run continues exactly where the interrupted one was, also in the middle of a generation cycle.
 * [`checks`]: datasets without a `prompt` column are refused when the trainer is built; a prompt that, with
   `max_completion_length`, exceeds the model's positions is reported once.
+* [`rpg_trl.reliability.importance_weights`]: exploding importance weights are reported (rate-limited), by a mixin of
+  its own ([`ImportanceWeightMonitorMixin`]) that the RPG trainers list in their class line.
 * [`rpg_trl.reliability.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock.
 * [`rpg_trl.reliability.vllm_server`]: in vLLM server mode, a server that serves another model is refused before
   training, and a server that stops answering stops the run with an error naming its URL, in bounded time.
@@ -18,8 +20,9 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 
 from __future__ import annotations
 
-from .checks import ImportanceWeightMonitor, check_prompt_column, check_sequence_length
+from .checks import check_prompt_column, check_sequence_length
 from .generation_state import load_generation_state, save_generation_state
+from .importance_weights import ImportanceWeightMonitor, ImportanceWeightMonitorMixin
 from .reward_guard import RewardFunctionError, RewardGuard
 from .teardown import hold_process_group_until_exit
 from .vllm_server import VLLMServerError, check_server_model, server_errors_named
@@ -66,6 +69,7 @@ class ReliabilityMixin:
 
 __all__ = [
     "ImportanceWeightMonitor",
+    "ImportanceWeightMonitorMixin",
     "ReliabilityMixin",
     "RewardFunctionError",
     "RewardGuard",

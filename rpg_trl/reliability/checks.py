@@ -1,28 +1,20 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Checks of what enters a run: datasets without prompts, diverged policies, over-long sequences.
+"""Checks of what enters a run: datasets without prompts, over-long sequences.
 
 * **Datasets** ([`check_prompt_column`]): a training or evaluation dataset without a `prompt` column is refused when
   the trainer is built, instead of a `KeyError` at the first generation.
-* **Diverged policies** ([`ImportanceWeightMonitor`]): log-ratios are clamped before `exp` in the loss, so the loss
-  stays finite, and RPG-Style Clip removes the reward gradient of tokens outside the trust region
-  (`clip_ratio/*` metrics). When the largest importance weight π_θ/π_old of a logging interval exceeds
-  `RPGConfig.importance_weight_warning_threshold` (default 100), a warning says so, at most once every
-  [`IMPORTANCE_WEIGHT_WARNING_INTERVAL`] optimizer steps.
 * **Long prompts**: TRL 1.16 has no `max_prompt_length` and never truncates prompts; [`check_sequence_length`] warns
   once when a prompt plus `max_completion_length` exceeds the model's `max_position_embeddings`.
 """
 
 from __future__ import annotations
 
-import math
+import warnings
 
 from transformers.utils import logging
 
 
 logger = logging.get_logger(__name__)
-
-#: Minimum number of optimizer steps between two warnings about exploding importance weights.
-IMPORTANCE_WEIGHT_WARNING_INTERVAL = 100
 
 
 # ---------------------------------------------------------------------------------------------------- datasets
@@ -47,50 +39,6 @@ def check_prompt_column(dataset, split: str = "train") -> None:
     )
 
 
-# ---------------------------------------------------------------------------------------------------- diverged policy
-class ImportanceWeightMonitor:
-    """Warns when the largest importance weight π_θ/π_old exceeds `threshold`, at most once every `interval` steps."""
-
-    def __init__(self, threshold: float | None, interval: int = IMPORTANCE_WEIGHT_WARNING_INTERVAL):
-        self.threshold = threshold
-        self.interval = interval
-        self.last_warning_step: int | None = None
-        self.num_warnings = 0
-
-    def check(self, w_max: float | None, step: int, clip_fractions: dict[str, float] | None = None) -> bool:
-        """Warn if `w_max > threshold` and no warning was given in the last `interval` steps; return whether it
-        warned."""
-        if self.threshold is None or w_max is None or not (w_max > self.threshold):  # NaN: no tokens
-            return False
-        if self.last_warning_step is not None and step - self.last_warning_step < self.interval:
-            return False
-        self.last_warning_step = step
-        self.num_warnings += 1
-        clipped = ", ".join(f"{k} = {v:.3g}" for k, v in (clip_fractions or {}).items())
-        logger.warning(
-            f"Step {step}: the importance weight π_θ/π_old reached {w_max:.4g}, above "
-            f"importance_weight_warning_threshold = {self.threshold:g}: the policy has moved far from the policy "
-            f"that sampled the batch{f' ({clipped})' if clipped else ''}. The loss stays finite (log-ratios are "
-            "clamped and RPG-Style Clip drops the reward gradient outside the trust region), but such steps carry "
-            "little signal: lower `learning_rate` or `steps_per_generation * num_iterations`. (Reported at most once "
-            f"every {self.interval} steps.)"
-        )
-        return True
-
-    def check_logged(self, metrics: dict, step: int) -> bool:
-        """[`check`] on the trainer's not-yet-logged training metrics (`importance_weight/max` and `clip_ratio/*`
-        lists, one value per micro-batch, already reduced over processes)."""
-        w_max = [v for v in metrics.get("importance_weight/max", ()) if not math.isnan(v)]
-        if not w_max:
-            return False
-        clip_fractions = {
-            key: sum(values) / len(values)
-            for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/dual_mean")
-            if (values := [v for v in metrics.get(key, ()) if not math.isnan(v)])
-        }
-        return self.check(max(w_max), step, clip_fractions)
-
-
 # ---------------------------------------------------------------------------------------------------- long prompts
 def check_sequence_length(trainer, inputs: dict) -> None:
     """Warn once if a prompt plus `max_completion_length` exceeds the model's `max_position_embeddings` (TRL 1.16
@@ -111,3 +59,18 @@ def check_sequence_length(trainer, inputs: dict) -> None:
             "dataset (e.g. `dataset.filter(lambda x: len(tokenizer(x['prompt']).input_ids) <= L)`) or lower "
             "`max_completion_length`. (Reported once.)"
         )
+
+
+def __getattr__(name):
+    # The importance-weight monitor moved to `rpg_trl.reliability.importance_weights` (deprecated alias).
+    if name in ("ImportanceWeightMonitor", "IMPORTANCE_WEIGHT_WARNING_INTERVAL"):
+        from . import importance_weights
+
+        warnings.warn(
+            f"`rpg_trl.reliability.checks.{name}` is deprecated and will be removed: use "
+            f"`from rpg_trl.reliability.importance_weights import {name}`.",
+            FutureWarning,
+            stacklevel=2,
+        )
+        return getattr(importance_weights, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

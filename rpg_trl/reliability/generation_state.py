@@ -8,11 +8,12 @@ the middle of a cycle, TRL 1.16 finds `_buffered_inputs is None` and `_step = 0`
 prompts the data loader yields at that point and restarts the cycle there: the resumed run trains on other
 completions, with other old log-probs, than the run that was interrupted, and its later generation steps shift.
 
-[`save_generation_state`] writes the micro-step counter, the buffered batch when the checkpoint falls inside a
-cycle, and where dynamic sampling's replacement prompts continue, next to the RNG state of each process
-(`rpg_generation_state.pt`, or `rpg_generation_state_{rank}.pt` with several processes); [`load_generation_state`] puts
-them back when resuming, so the resumed run continues with the very batch the interrupted one was using and draws the
-replacement prompts it would have drawn. [`~rpg_trl.RPGTrainer`] calls them from `_save_rng_state` and `_load_rng_state`,
+[`save_generation_state`] writes the micro-step counter and the buffered batch when the checkpoint falls inside a
+cycle, next to the RNG state of each process (`rpg_generation_state.pt`, or `rpg_generation_state_{rank}.pt` with
+several processes); [`load_generation_state`] puts them back when resuming, so the resumed run continues with the very
+batch the interrupted one was using. (Dynamic sampling saves where its replacement prompts continue itself:
+[`~rpg_trl.dynamic_sampling.DynamicSamplingMixin`].) [`~rpg_trl.reliability.ReliabilityMixin`] calls them from
+`_save_rng_state` and `_load_rng_state`,
 so they follow the RNG state: written unless `save_only_model=True`, read when `resume_from_checkpoint` is given
 (unless `ignore_data_skip=True`, which gives up exact resumption anyway).
 """
@@ -23,8 +24,6 @@ import os
 
 import torch
 from transformers.utils import logging
-
-from ..dynamic_sampling import PromptStream
 
 
 logger = logging.get_logger(__name__)
@@ -48,7 +47,6 @@ def save_generation_state(trainer, output_dir: str) -> None:
     checkpoint folder `output_dir`. Called on every process (each writes its own file)."""
     step = int(trainer._step)
     inside_cycle = step % _generate_every(trainer) != 0 and trainer._buffered_inputs is not None
-    stream = getattr(trainer, "_prompt_stream", None)
     state = {
         "step": step,
         "world_size": trainer.args.world_size,
@@ -56,8 +54,6 @@ def save_generation_state(trainer, output_dir: str) -> None:
         "num_iterations": trainer.num_iterations,
         # At a cycle boundary the next micro-step generates anew: the buffer is not needed.
         "buffered_inputs": trainer._buffered_inputs if inside_cycle else None,
-        # Where dynamic sampling's replacement prompts continue (`rpg_trl.dynamic_sampling.PromptStream`).
-        "prompt_stream": None if stream is None else stream.state_dict(),
     }
     os.makedirs(output_dir, exist_ok=True)
     torch.save(state, generation_state_path(output_dir, trainer.args.process_index, trainer.args.world_size))
@@ -92,8 +88,6 @@ def load_generation_state(trainer, checkpoint: str | None) -> bool:
         state = torch.load(path, map_location=trainer.accelerator.device, weights_only=True)
     except Exception as exc:  # e.g. a buffer holding images, which `weights_only` refuses
         return fall_back(f"{path} could not be read ({type(exc).__name__}: {exc})")
-    if state.get("prompt_stream") is not None:  # the same on every process, whatever the layout
-        trainer._prompt_stream = PromptStream(**state["prompt_stream"])
     saved = (state.get("world_size"), state.get("steps_per_generation"), state.get("num_iterations"))
     current = (args.world_size, args.steps_per_generation, trainer.num_iterations)
     if saved != current:

@@ -52,6 +52,7 @@ whole completions, with prefix ratios (``KLTerm.sequence_value`` / ``sequence_we
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -310,8 +311,9 @@ def validate_rpg_hyperparameters(*, names: dict[str, str] | None = None, **field
 # ============================================================================================== ratios and clip
 @dataclass
 class RatioTensors:
-    """The per-token ratios both estimators use, (B, T) float tensors (scalars broadcast); masked positions hold 0
-    log-ratios (weight 1) so that padding never injects NaN/inf."""
+    """The per-token ratios both estimators use, (B, T) float tensors (scalars broadcast). Inactive (masked) positions
+    hold 0 log-ratios, so ``w = r = 1`` there exactly: padding never injects NaN/inf, no clip region and no logged
+    divergence estimate counts it, and the REINFORCE loss ``−W·log w`` is 0 there without a mask."""
 
     token_log_ratio: torch.Tensor  #: log π_θ − log π_old per token (differentiable, unclamped)
     log_w: torch.Tensor  #: log w, clamped (sequence level: the sequence's mean token log-ratio), differentiable
@@ -320,9 +322,16 @@ class RatioTensors:
     r: torch.Tensor  #: exp(log_r), no grad
     token_log_w: torch.Tensor  #: token-level log w (detached), for the logged token KL
     token_log_r: torch.Tensor  #: token-level log r, for the logged token KL
+    token_w: torch.Tensor  #: exp(token_log_w), detached (``w`` itself when the importance sampling is per token)
+    token_r: torch.Tensor  #: exp(token_log_r) (``r`` itself when the importance sampling is per token)
+    active: torch.Tensor  #: the active (unmasked) tokens, bool
+    #: [`token_kl`] per row of the KL table, computed once
+    token_kl_values: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict, repr=False)
 
+    @functools.cached_property
     def prefixes(self) -> Prefixes:
-        """The whole-completion prefix ratios ``W≤t`` and ``R≤t`` of these token ratios (masked tokens count as 1)."""
+        """The whole-completion prefix ratios ``W≤t`` and ``R≤t`` of these token ratios (masked tokens count as 1),
+        computed once."""
         log_w = self.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         log_W = log_w.cumsum(-1)
         log_R = torch.broadcast_to(self.token_log_r, log_W.shape).cumsum(-1)
@@ -347,58 +356,88 @@ def importance_ratios(
     """
     dtype = torch.promote_types(logps.dtype, torch.float32)
     zero = torch.zeros((), dtype=dtype, device=logps.device)
-    mask = active.to(dtype)
     token_log_ratio = torch.where(active, logps.to(dtype) - old_logps.to(dtype).detach(), zero)
     if ref_logps is None:
         token_log_r = zero  # π_ref = π_old: r = 1 everywhere (a scalar that broadcasts)
     else:
         token_log_r = torch.where(active, ref_logps.to(dtype).detach() - old_logps.to(dtype).detach(), zero)
-        token_log_r = token_log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    log_ratio, log_r = token_log_ratio, token_log_r
+        token_log_r = token_log_r.clamp_(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    token_r = torch.exp(token_log_r)
     if importance_sampling_level == "sequence":
+        mask = active.to(dtype)
         lengths = mask.sum(-1, keepdim=True).clamp(min=1.0)
-        log_ratio = torch.where(active, (token_log_ratio * mask).sum(-1, keepdim=True) / lengths, zero)
+        log_w = torch.where(active, (token_log_ratio * mask).sum(-1, keepdim=True) / lengths, zero)
+        log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_r, r = token_log_r, token_r
         if ref_logps is not None:
             log_r = torch.where(active, (token_log_r * mask).sum(-1, keepdim=True) / lengths, zero)
-    log_w = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+            r = torch.exp(log_r)
+        token_log_w = token_log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        w = torch.exp(log_w)
+        token_w = torch.exp(token_log_w)
+    else:  # the token-level ratios are the ratios of the loss: computed once
+        log_w = token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_r, r = token_log_r, token_r
+        token_log_w = log_w.detach()
+        w = torch.exp(log_w)
+        token_w = w.detach()
     return RatioTensors(
         token_log_ratio=token_log_ratio,
         log_w=log_w,
-        w=torch.exp(log_w),
+        w=w,
         log_r=log_r,
-        r=torch.exp(log_r),
-        token_log_w=token_log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
+        r=r,
+        token_log_w=token_log_w,
         token_log_r=token_log_r,
+        token_w=token_w,
+        token_r=token_r,
+        active=active,
     )
 
 
 @dataclass
 class ClipRegions:
-    """RPG-Style Clip (Sec. 3.3): where the reward term loses its gradient, (B, T) bool tensors."""
+    """RPG-Style Clip (Sec. 3.3): where the reward term loses its gradient, (B, T) bool tensors (False on inactive
+    tokens, whose weight is 1)."""
 
     low: torch.Tensor  #: A < 0 and w < 1 − ε_low
     high: torch.Tensor  #: A > 0 and w > 1 + ε_high
     dual: torch.Tensor  #: A < 0 and w > c
-
-    @property
-    def any(self) -> torch.Tensor:
-        return self.low | self.high | self.dual
+    any: torch.Tensor  #: the union of the three: the tokens whose reward term is clipped
 
 
-def clip_regions(w: torch.Tensor, advantages: torch.Tensor, active: torch.Tensor, epsilon_low, epsilon_high, clip_c):
-    """The [`ClipRegions`] of the detached importance weight ``w`` for advantages ``A`` ((B, 1) or (B, T))."""
+def clip_regions(w: torch.Tensor, advantages: torch.Tensor, epsilon_low, epsilon_high, clip_c) -> ClipRegions:
+    """The [`ClipRegions`] of the detached importance weight ``w`` for advantages ``A`` ((B, 1) or (B, T)).
+
+    ``w`` must be 1 on inactive tokens (as [`importance_ratios`] makes it): no region then contains them, since
+    ``1 − ε_low ≤ 1 ≤ 1 + ε_high < c``.
+    """
     w = w.detach()
-    negative = active & (advantages < 0)
-    return ClipRegions(
-        low=negative & (w < 1.0 - epsilon_low),
-        high=active & (advantages > 0) & (w > 1.0 + epsilon_high),
-        dual=negative & (w > clip_c),
-    )
+    negative, positive = advantages < 0, advantages > 0
+    low = (w < 1.0 - epsilon_low) & negative
+    high = (w > 1.0 + epsilon_high) & positive
+    dual = (w > clip_c) & negative
+    return ClipRegions(low=low, high=high, dual=dual, any=low | high | dual)
 
 
 def _clip_log(log_x: torch.Tensor, spec: RPGLossSpec) -> torch.Tensor:
     """``log clip(x, 1 − ε_low, 1 + ε_high)``, detached (Remark F.2)."""
     return log_x.detach().clamp(math.log(1.0 - spec.epsilon_low), math.log(1.0 + spec.epsilon_high))
+
+
+class _ValueWithGradient(torch.autograd.Function):
+    """``value`` (detached) in the forward pass; ``∂/∂x = weight`` in the backward pass (the straight-through form
+    ``SG(value) + SG(weight)·(x − SG(x))`` in one op)."""
+
+    @staticmethod
+    def forward(ctx, value, weight, x):
+        ctx.save_for_backward(weight)
+        return value.detach().clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (weight,) = ctx.saved_tensors
+        return None, None, grad * weight
 
 
 # ============================================================================================== the KL term
@@ -412,7 +451,7 @@ def kl_values(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
         return term.value(None, None, log_w, ratios.token_log_r)
     if spec.kl_level == "sequence":
         log_w = ratios.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        return term.sequence_value(ratios.prefixes(), log_w, ratios.token_log_r)
+        return term.sequence_value(ratios.prefixes, log_w, ratios.token_log_r)
     return term.value(ratios.w, ratios.r, ratios.log_w, ratios.log_r)
 
 
@@ -431,7 +470,7 @@ def kl_weights(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
         if not term.importance_weighted:
             return term.weight(None, None, ratios.token_log_w, ratios.token_log_r)
         if spec.kl_level == "sequence":
-            prefixes = ratios.prefixes()
+            prefixes = ratios.prefixes
             log_W, log_w = prefixes.log_W.detach(), ratios.token_log_w
             if spec.clip:  # every ratio of π_θ to π_old in the weight, prefix and token, in the trust region
                 log_W, log_w = _clip_log(log_W, spec), _clip_log(log_w, spec)
@@ -441,89 +480,118 @@ def kl_weights(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
             if spec.clip and term.sequence_score_term:  # a clipped score term is not zero-mean: drop it
                 weight = weight - W
             return weight
-        log_w = _clip_log(ratios.log_w, spec) if spec.clip else ratios.log_w.detach()
+        if not spec.clip:
+            return term.weight(ratios.w.detach(), ratios.r, ratios.log_w.detach(), ratios.log_r)
+        log_w = _clip_log(ratios.log_w, spec)
         return term.weight(torch.exp(log_w), ratios.r, log_w, ratios.log_r)
 
 
 def token_kl(ratios: RatioTensors, divergence: str | RPGLossSpec, kl_importance_weight: bool = True) -> torch.Tensor:
     """The per-token divergence estimate that is logged (``kl``) and drives the reference sync: ``S`` at the
-    token-level ratios (whatever the importance-sampling and KL levels), or GRPO's k3 when uncorrected. Detached.
-    `divergence` is a divergence name or an [`RPGLossSpec`]."""
+    token-level ratios (whatever the importance-sampling and KL levels), or GRPO's k3 when uncorrected. Detached, and
+    0 on inactive tokens (every row of the table is 0 at ``w = r = 1``). `divergence` is a divergence name or an
+    [`RPGLossSpec`]."""
     if isinstance(divergence, RPGLossSpec):
         divergence, kl_importance_weight = divergence.divergence, divergence.kl_importance_weight
-    term = KL_TERMS[divergence if kl_importance_weight else "k3"]
-    with torch.no_grad():
-        log_w, log_r = ratios.token_log_w, ratios.token_log_r
-        return term.value(torch.exp(log_w), torch.exp(log_r), log_w, log_r)
+    name = divergence if kl_importance_weight else "k3"
+    if name not in ratios.token_kl_values:
+        with torch.no_grad():
+            term = KL_TERMS[name]
+            ratios.token_kl_values[name] = term.value(
+                ratios.token_w, ratios.token_r, ratios.token_log_w, ratios.token_log_r
+            )
+    return ratios.token_kl_values[name]
 
 
-def sequence_kl(ratios: RatioTensors, spec: RPGLossSpec, mask: torch.Tensor) -> torch.Tensor:
+def sequence_kl(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
     """The estimate of the divergence between whole completions, one value per completion (B,), detached: the row's
     per-token estimate ``S`` applied to the completion as a whole, at ``W = π_θ(y)/π_old(y)`` and
     ``R = π_ref(y)/π_old(y)`` (the logged ``kl/sequence``, with either `kl_level`). Unbiased under π_old, and never
     negative for the unnormalised divergences (``W·k3(R/W)`` for ``urkl``); on-policy with ``divergence="rkl"`` it is
-    the completion's ``Σ_t log ρ_t``."""
+    the completion's ``Σ_t log ρ_t``. (The token log-ratios are 0 on inactive tokens: the sums need no mask.)"""
     with torch.no_grad():
-        log_W = (ratios.token_log_w * mask).sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-        log_R = (ratios.token_log_r * mask).sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_W = ratios.token_log_w.sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_R = torch.broadcast_to(ratios.token_log_r, ratios.token_log_w.shape).sum(-1)
+        log_R = log_R.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         return spec.kl_term.value(torch.exp(log_W), torch.exp(log_R), log_W, log_R)
 
 
 # ============================================================================================== the estimators
-def _reward_term_differentiable(ratios, advantages, spec):
+def _reward_term_differentiable(ratios: RatioTensors, advantages: torch.Tensor, regions: ClipRegions, spec):
+    """``−w·A``, and with the clip PPO's dual clip ``min(max(−w·A, −w̄·A), −c·A)`` for ``A < 0`` (Algorithm 1), written
+    as what it is: ``−A`` times the bound the clip reaches on the clipped tokens (``1 − ε_low``, ``1 + ε_high`` or
+    ``c``, no gradient) and times ``w`` on the others."""
     w = ratios.w
-    if not spec.clip:
-        return -w * advantages
-    clipped = -torch.clamp(w, 1.0 - spec.epsilon_low, 1.0 + spec.epsilon_high) * advantages
-    reward_loss = torch.maximum(-w * advantages, clipped)
-    return torch.where(advantages < 0, torch.minimum(reward_loss, -spec.clip_c * advantages), reward_loss)
+    if spec.clip:
+        with torch.no_grad():
+            bound = (
+                w.detach()
+                .clamp(1.0 - spec.epsilon_low, 1.0 + spec.epsilon_high)
+                .masked_fill_(regions.dual, spec.clip_c)
+            )
+        w = torch.where(regions.any, bound, w)
+    return w * -advantages
 
 
 def differentiable_per_token_loss(
-    ratios: RatioTensors, advantages: torch.Tensor, regions: ClipRegions, spec: RPGLossSpec
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fully differentiable surrogate (Tables 1 and 4): ``−w·A + β·S`` per token, through ``w``; returns the reward
-    term and the KL term separately, (B, T) each.
+    ratios: RatioTensors,
+    advantages: torch.Tensor,
+    regions: ClipRegions,
+    spec: RPGLossSpec,
+    reward_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fully differentiable surrogate (Tables 1 and 4): ``−w·A + β·S`` per token, through ``w``, (B, T), 0 on inactive
+    tokens.
 
     With the clip on, the reward term is PPO's dual clip (Algorithm 1: ``max(−w·A, −w̄·A)``, and for ``A < 0`` at most
-    ``−c·A``), whose value and gradient are TRL's; where the KL weight is clipped the KL term is
-    ``SG(S) + SG(K̄)·(log π_θ − SG(log π_θ))``: the value stays the importance-weighted estimate and the gradient is
-    ``β·K̄`` (module docstring). Per token that is outside the trust region; with ``kl_level="sequence"`` every token
-    takes this form when the clip is on (a clipped prefix changes the weights of the tokens before it too).
+    ``−c·A``), whose value and gradient are TRL's; the KL term is ``SG(S) + SG(K̄)·(log w − SG(log w))``: the value
+    stays the importance-weighted estimate and the gradient is ``β·K̄`` with ``K̄ = K(w̄)`` of [`kl_weights`] (module
+    docstring), which is ``K(w)`` inside the trust region. With ``kl_level="sequence"`` the weights are those of the
+    whole-completion divergence, whose clipped prefixes change the weights of the tokens before them too.
     """
-    reward_loss = _reward_term_differentiable(ratios, advantages, spec)
-    kl = kl_values(ratios, spec)
+    reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
+    if reward_mask is not None:
+        reward_loss = reward_loss * reward_mask
     if spec.clip and spec.kl_term.importance_weighted:
-        log_w = ratios.log_w
-        straight_through = kl.detach() + kl_weights(ratios, spec) * (log_w - log_w.detach())
-        if spec.kl_level == "sequence":
-            kl = straight_through
+        if spec.kl_level == "token" and spec.importance_sampling_level == "token":
+            value = token_kl(ratios, spec)  # the logged estimate: the same ratios
         else:
-            inside = log_w.detach() == _clip_log(log_w, spec)
-            kl = torch.where(inside, kl, straight_through)
-    return reward_loss, spec.beta * kl
+            with torch.no_grad():
+                value = kl_values(ratios, spec)
+        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec), ratios.log_w)
+    else:
+        kl = kl_values(ratios, spec)
+    zero = torch.zeros((), dtype=reward_loss.dtype, device=reward_loss.device)
+    return torch.where(ratios.active, torch.add(reward_loss, kl, alpha=spec.beta), zero)
 
 
 def reinforce_per_token_loss(
-    ratios: RatioTensors, advantages: torch.Tensor, regions: ClipRegions, spec: RPGLossSpec
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE-style surrogate (Table 2, Appendix F, Eq. 4.1): ``−SG(W)·log π_θ`` per token; returns the reward
-    term ``−SG(w·A)·log π_θ`` and the KL term ``SG(β·K)·log π_θ`` separately, (B, T) each.
+    ratios: RatioTensors,
+    advantages: torch.Tensor,
+    regions: ClipRegions,
+    spec: RPGLossSpec,
+    reward_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """REINFORCE-style surrogate (Table 2, Appendix F, Eq. 4.1): ``−SG(W)·log w`` per token, (B, T), 0 on inactive
+    tokens (where ``log w = 0``); its gradient with respect to ``log π_θ`` is ``−W``.
 
     ``W = [w·A if the reward term is active] − β·K`` with ``K`` from [`kl_weights`] (at the clipped weight when the
     clip is on, Remark F.2). The gradient flows through the unclamped token log-ratio.
     """
     with torch.no_grad():
-        reward_weight = ratios.w.detach() * advantages
+        negative_weight = ratios.w.detach() * -advantages  # −w·A
         if spec.clip:
-            reward_weight = torch.where(regions.any, torch.zeros_like(reward_weight), reward_weight)
-    kl_weight = kl_weights(ratios, spec)
-    return -reward_weight * ratios.token_log_ratio, spec.beta * kl_weight * ratios.token_log_ratio
+            negative_weight.masked_fill_(regions.any, 0.0)
+        if reward_mask is not None:
+            negative_weight.mul_(reward_mask)
+        negative_weight.add_(kl_weights(ratios, spec), alpha=spec.beta)  # −W = −w·A + β·K
+    return negative_weight * ratios.token_log_ratio
 
 
 #: The gradient estimators (Proposition 4.1: the same gradient), one signature:
-#: ``(ratios, advantages, regions, spec) -> (reward term, KL term)``, (B, T) each.
-ESTIMATOR_FUNCTIONS: dict[str, Callable[..., tuple[torch.Tensor, torch.Tensor]]] = {
+#: ``(ratios, advantages, regions, spec, reward_mask) -> per-token loss`` (B, T), 0 on inactive tokens;
+#: `reward_mask` multiplies the reward term only.
+ESTIMATOR_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "reinforce": reinforce_per_token_loss,
     "differentiable": differentiable_per_token_loss,
 }
@@ -586,33 +654,34 @@ def rpg_per_token_loss(
 
     The loss is specified by `spec` (an [`RPGLossSpec`]) or by its fields as keyword arguments (``divergence=...``,
     ``beta=...``; see [`rpg_loss`]), not both. Computation runs in float32 (float64 inputs stay float64), whatever the
-    input dtype. The stats dict holds detached tensors: (B, T) ``kl`` (the per-token divergence estimate ``S`` at the
-    token-level ratios, see [`token_kl`]), ``is_low_clipped``, ``is_high_clipped``, ``is_dual_clipped`` and
-    ``importance_weight`` (``w``), and (B,) ``sequence_kl`` (the whole-completion estimate, [`sequence_kl`]).
+    input dtype. The stats dict holds detached tensors, each 0 (or False) on inactive tokens but the weight: (B, T)
+    ``kl`` (the per-token divergence estimate ``S`` at the token-level ratios, see [`token_kl`]), the bool clip regions
+    ``is_low_clipped``, ``is_high_clipped``, ``is_dual_clipped`` and their union ``is_clipped``, ``importance_weight``
+    (``w``, 1 on inactive tokens), and (B,) ``sequence_kl`` (the whole-completion estimate, [`sequence_kl`]).
 
     ``reward_mask`` ((B, T), optional) multiplies the reward term only: it is for credit-assignment filters such as
     TRL's top-entropy and off-policy masks, which choose the tokens whose reward signal counts, while the KL
     regulariser keeps acting on every token (as TRL adds ``β·KL`` after its masks).
     """
     spec = _resolve_spec(spec, spec_fields)
-    active = mask > 0
-    ratios = importance_ratios(logps, old_logps, ref_logps, active, spec.importance_sampling_level)
+    ratios = importance_ratios(logps, old_logps, ref_logps, mask > 0, spec.importance_sampling_level)
     dtype = ratios.w.dtype
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(1)
-    adv = advantages.to(dtype)  # (B, 1) or (B, T); masked positions are zeroed at the end
-    regions = clip_regions(ratios.w, adv, active, spec.epsilon_low, spec.epsilon_high, spec.clip_c)
-    reward_loss, kl_loss = ESTIMATOR_FUNCTIONS[spec.estimator](ratios, adv, regions, spec)
+    adv = advantages.to(dtype)  # (B, 1) or (B, T)
+    if adv.shape == ratios.active.shape:  # per-token advantages: whatever padding holds, inactive tokens get 0
+        adv = torch.where(ratios.active, adv, torch.zeros((), dtype=dtype, device=adv.device))
+    regions = clip_regions(ratios.w, adv, spec.epsilon_low, spec.epsilon_high, spec.clip_c)
     if reward_mask is not None:
-        reward_loss = reward_loss * reward_mask.to(dtype)
-    per_token_loss = reward_loss + kl_loss
-    per_token_loss = torch.where(active, per_token_loss, torch.zeros((), dtype=dtype, device=per_token_loss.device))
+        reward_mask = reward_mask.to(dtype)
+    per_token_loss = ESTIMATOR_FUNCTIONS[spec.estimator](ratios, adv, regions, spec, reward_mask)
     stats = {
         "kl": token_kl(ratios, spec),
-        "sequence_kl": sequence_kl(ratios, spec, active.to(dtype)),
-        "is_low_clipped": regions.low.to(dtype),
-        "is_high_clipped": regions.high.to(dtype),
-        "is_dual_clipped": regions.dual.to(dtype),
+        "sequence_kl": sequence_kl(ratios, spec),
+        "is_low_clipped": regions.low,
+        "is_high_clipped": regions.high,
+        "is_dual_clipped": regions.dual,
+        "is_clipped": regions.any,
         "importance_weight": ratios.w.detach(),
     }
     return per_token_loss, stats
@@ -714,31 +783,22 @@ TOKEN_MEAN_METRICS = (
 
 
 def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Reduce the per-token stats of [`rpg_per_token_loss`] to the detached scalar metrics of [`rpg_loss`]."""
+    """Reduce the per-token stats of [`rpg_per_token_loss`] to the detached scalar metrics of [`rpg_loss`]; `mask` is
+    the mask they were computed with (the per-token stats are 0 outside it, so only the weight needs it)."""
     with torch.no_grad():
-        mask = mask.to(stats["importance_weight"].dtype)
-        active = mask > 0
-        num_tokens = mask.sum()
-        region = torch.maximum(
-            torch.maximum(stats["is_low_clipped"], stats["is_high_clipped"]), stats["is_dual_clipped"]
-        )
         w = stats["importance_weight"]
-        per_token = (
-            stats["kl"],
-            stats["is_low_clipped"],
-            stats["is_high_clipped"],
-            stats["is_dual_clipped"],
-            region,
-            w,
-        )
-        sums = torch.stack([(x * mask).sum() for x in per_token]) / num_tokens.clamp(min=1.0)
-        metrics = dict(zip(TOKEN_MEAN_METRICS, sums.unbind()))
-        # Masked max/min without boolean indexing (which copies and synchronises); NaN when no token is active.
+        mask = mask.to(w.dtype)
+        num_tokens = mask.sum()
+        weighted = w * mask
+        per_token = (stats["kl"], stats["is_low_clipped"], stats["is_high_clipped"], stats["is_dual_clipped"])
+        sums = [x.sum().to(w.dtype) for x in (*per_token, stats["is_clipped"])] + [weighted.sum()]
+        metrics = dict(zip(TOKEN_MEAN_METRICS, (torch.stack(sums) / num_tokens.clamp(min=1.0)).unbind()))
+        # Masked extremes without boolean indexing (which copies and synchronises); NaN when no token is active. The
+        # largest: w > 0 on active tokens and w·mask = 0 elsewhere.
         nan = torch.full((), float("nan"), dtype=w.dtype, device=w.device)
-        w_max = torch.where(active, w, torch.full((), -math.inf, dtype=w.dtype, device=w.device)).amax()
-        w_min = torch.where(active, w, torch.full((), math.inf, dtype=w.dtype, device=w.device)).amin()
+        w_min = torch.where(mask > 0, w, torch.full((), math.inf, dtype=w.dtype, device=w.device)).amin()
         has_tokens = num_tokens > 0
-        metrics["importance_weight/max"] = torch.where(has_tokens, w_max, nan)
+        metrics["importance_weight/max"] = torch.where(has_tokens, weighted.amax(), nan)
         metrics["importance_weight/min"] = torch.where(has_tokens, w_min, nan)
         metrics["num_tokens"] = num_tokens
         # Mean over the completions that have tokens of the whole-completion divergence estimate.

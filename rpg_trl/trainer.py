@@ -156,7 +156,8 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
 
         mode = "train" if self.model.training else "eval"
-        loss, policy_loss = self._aggregate(per_token_loss, mask, inputs, mode)
+        loss_mask = mask.to(per_token_loss.dtype)
+        loss, policy_loss = self._aggregate(per_token_loss, loss_mask, inputs, mode)
         if self._entropy_bonus_enabled:
             effective_mask = mask if entropy_mask is None else mask * entropy_mask
             loss = loss - self._entropy_bonus(entropies, effective_mask, mode)
@@ -166,15 +167,14 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
             loss = loss + self.router_aux_loss_coef * aux_loss / accumulation_factor
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
-        self._log_rpg_metrics(mode, stats, mask, entropies)
+        self._log_rpg_metrics(mode, stats, loss_mask, entropies)
         return loss
 
-    def _aggregate(self, per_token_loss, mask, inputs, mode):
+    def _aggregate(self, per_token_loss, loss_mask, inputs, mode):
         """Reduce the per-token loss with the normaliser of TRL's `loss_type` (GRPOTrainer._compute_loss, TRL 1.16),
         so that RPG and GRPO losses are on the same scale; returns `(loss, policy_loss)` (the latter detached, before
-        the gradient-accumulation scaling, as GRPOTrainer logs it)."""
+        the gradient-accumulation scaling, as GRPOTrainer logs it); `loss_mask` is the float mask of the loss's tokens."""
         args: RPGConfig = self.args
-        loss_mask = mask.to(per_token_loss.dtype)
         accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if args.loss_type == "dapo":
             # The token count of the whole generation batch, rescaled to one micro-batch of one process, so that
@@ -225,13 +225,13 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
             self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
         return coef * entropy
 
-    def _log_rpg_metrics(self, mode, stats, mask, entropies):
-        """Log TRL-named metrics (`kl`, `entropy`, `clip_ratio/...`) and RPG's, reduced across processes."""
-        fmask = mask.to(torch.float32)
+    def _log_rpg_metrics(self, mode, stats, fmask, entropies):
+        """Log TRL-named metrics (`kl`, `entropy`, `clip_ratio/...`) and RPG's, reduced across processes (`fmask`: the
+        float mask of the loss's tokens)."""
         local = summarize_stats(stats, fmask)
         means = TOKEN_MEAN_METRICS
-        count = fmask.sum()
-        entropy_sum = (entropies.detach().to(torch.float32) * fmask).sum()
+        count = local["num_tokens"]
+        entropy_sum = (entropies.detach().to(fmask.dtype) * fmask).sum()
         sequences = local["num_sequences"]
         totals = torch.stack(
             [*(local[k] * count for k in means), entropy_sum, local["kl/sequence"] * sequences, sequences, count]
@@ -247,8 +247,8 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
         # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
         # the largest of high-clipped tokens over the batch (NaN-free over empty sequences).
         lengths = fmask.sum(-1)
-        low = (stats["is_low_clipped"] * fmask).sum(-1) / lengths
-        high = (stats["is_high_clipped"] * fmask).sum(-1) / lengths
+        low = stats["is_low_clipped"].sum(-1) / lengths  # the clip regions hold no inactive token
+        high = stats["is_high_clipped"].sum(-1) / lengths
         extremes = torch.stack([local["importance_weight/max"], local["importance_weight/min"]])
         gathered_low, gathered_high = self.accelerator.gather(low), self.accelerator.gather(high)
         extremes = self.accelerator.gather(extremes.reshape(1, 2))

@@ -3,7 +3,7 @@ r"""The ``rpg-trl bench-async`` command: asynchronous GRPO against asynchronous 
 
 Every run trains the warm start of ``rpg-trl demo`` (two-digit additions, see [`rpg_trl.toy.warm_start`]; one supervised warm
 start per seed, shared by all runs, as in ``rpg-trl bench-algos``) with TRL's asynchronous trainer on a CPU: a
-[`~rpg_trl.async_rpg.local.LocalRolloutWorker`] thread samples the rollouts of optimizer step ``s`` from policy
+[`~rpg_trl.cpu_rollouts.LocalRolloutWorker`] thread samples the rollouts of optimizer step ``s`` from policy
 version ``max(1, s - lag)``, so that every batch after the first ``lag`` ones is exactly ``lag`` versions stale.
 
 ==============================  =======================================================================================
@@ -174,7 +174,7 @@ def run_one(args: BenchAsyncArguments, method: str, lag: int, seed: int, splits,
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     from ..async_rpg import AsyncRPGTrainer
-    from ..async_rpg.local import LocalRolloutWorker, cpu_backend
+    from ..cpu_rollouts import LocalRolloutWorker, cpu_backend
     from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed
     from ..toy.curves import REWARD_WINDOW, max_drawdown, metric_series, moving_average
     from ..toy.evaluation import heldout_accuracy_callback

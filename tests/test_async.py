@@ -1,6 +1,6 @@
 """AsyncRPGTrainer (rpg_trl.async_rpg): configuration, the loss on TRL's packed stream against independent references
 (TRL's AsyncGRPOTrainer, and `rpg_loss` on a plain padded forward), staleness, and end-to-end CPU training under a
-policy lag of two versions with a resume from a checkpoint (local rollout worker of rpg_trl.async_rpg.local)."""
+policy lag of two versions with a resume from a checkpoint (local rollout worker of rpg_trl.cpu_rollouts)."""
 
 import math
 import subprocess
@@ -13,8 +13,8 @@ from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
 import rpg_trl
 from rpg_trl.async_rpg import AsyncRPGConfig, AsyncRPGTrainer
-from rpg_trl.async_rpg.local import cpu_backend
 from rpg_trl.config import RPGLossArguments
+from rpg_trl.cpu_rollouts import cpu_backend
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss
 
 from _async_harness import (

@@ -140,6 +140,17 @@ def test_dual_clip_regions_reward_term(estimator):
     assert float(metrics["importance_weight/min"]) == pytest.approx(0.5)
 
 
+def test_differentiable_clipped_reward_term_value_is_ppo_dual_clip():
+    # Algorithm 1's reward term, written out in numpy: max(−w·A, −w̄·A), and for A < 0 at most −c·A.
+    lp, old, adv, mask, w, _ = _clip_inputs()
+    a = adv[:, None] if adv.ndim == 1 else adv
+    w = w[:, None]
+    ppo = np.maximum(-w * a, -np.clip(w, 0.8, 1.28) * a)
+    expected = np.where(a < 0, np.minimum(ppo, -10.0 * a), ppo)
+    loss, _, _ = grad_of(lp, old, None, adv, mask, divergence="urkl", estimator="differentiable", beta=0.0, clip=True)
+    assert float(loss.detach()) == pytest.approx(expected.mean(), rel=1e-12)
+
+
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_dual_clip_with_kl_interior_exact_and_kl_at_the_clipped_weight_outside(divergence, estimator):

@@ -17,7 +17,7 @@ from rpg_trl.async_rpg.local import cpu_backend
 from rpg_trl.config import RPGLossArguments
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss
 
-from _async_harness import (
+from helpers.async_harness import (
     RecordingWeightTransfer,
     async_args,
     completion_log_probs,

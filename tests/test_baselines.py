@@ -16,7 +16,7 @@ from rpg_trl.reinforce_plus_plus import (
     reinforce_plus_plus_advantages,
 )
 
-from _tiny_runs import PROMPTS, tiny_run_args
+from helpers.tiny_runs import PROMPTS, tiny_run_args
 
 
 def whitened(values):

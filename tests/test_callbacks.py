@@ -24,11 +24,11 @@ from rpg_trl.ref_sync.trigger import SyncTrigger
 from rpg_trl.ref_sync.weights import REF_ADAPTER, REFERENCE_FILE, gather_reference, mix_parameters, restore_reference
 from rpg_trl.toy import build_char_tokenizer
 
-from _sync_two_proc import AllocatedBytes
-from _tiny_runs import PROMPTS, quiet_cpu_args
+from helpers.sync_two_proc import AllocatedBytes
+from helpers.tiny_runs import PROMPTS, quiet_cpu_args
 
 
-TWO_PROC_SCRIPT = os.path.join(os.path.dirname(__file__), "_sync_two_proc.py")
+TWO_PROC_SCRIPT = os.path.join(os.path.dirname(__file__), "helpers", "sync_two_proc.py")
 
 
 def digit_fraction(completions, **kwargs):

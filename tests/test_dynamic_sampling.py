@@ -30,7 +30,7 @@ from rpg_trl.dynamic_sampling import (
 )
 from rpg_trl.toy import build_char_tokenizer
 
-from _tiny_runs import PROMPTS, tiny_run_args
+from helpers.tiny_runs import PROMPTS, tiny_run_args
 
 
 NAN = float("nan")
@@ -438,16 +438,16 @@ def test_a_resumed_run_draws_the_replacement_prompts_the_interrupted_one_would_h
 
 
 def test_two_processes_draw_disjoint_replacement_prompts_from_one_stream(tiny_model_dir, tmp_path):
-    """Two gloo processes (tests/_dynamic_sampling_two_proc.py): the data loader's prompts are gathered from both, the
-    stream is the same on both, each takes its own slice: no prompt twice in the generation batch, across processes
-    included."""
+    """Two gloo processes (tests/helpers/dynamic_sampling_two_proc.py): the data loader's prompts are gathered from
+    both, the stream is the same on both, each takes its own slice: no prompt twice in the generation batch, across
+    processes included."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["OMP_NUM_THREADS"] = "1"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(port), str(Path(__file__).with_name("_dynamic_sampling_two_proc.py"))]
+    cmd += ["--master_port", str(port), str(Path(__file__).parent / "helpers" / "dynamic_sampling_two_proc.py")]
     proc = subprocess.run([*cmd, tiny_model_dir, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-6000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

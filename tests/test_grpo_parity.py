@@ -10,7 +10,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from rpg_trl import RPGConfig
 
-from _tiny_runs import (
+from helpers.tiny_runs import (
     assert_close_in_norm,
     fixed_inputs,
     logged,

@@ -1,7 +1,7 @@
 """Reliability of `RPGTrainer`: exact resume after a crash, hostile inputs, configuration checks, property tests.
 
-The crash tests kill a training process with SIGKILL (`tests/_crash_worker.py`) and resume it here; the multi-process
-tests are in `tests/test_multiprocess.py`. What these tests prove is summarised in `docs/guarantees.md`.
+The crash tests kill a training process with SIGKILL (`tests/helpers/crash_worker.py`) and resume it here; the
+multi-process tests are in `tests/test_multiprocess.py`. What these tests prove is summarised in `docs/guarantees.md`.
 """
 
 import asyncio
@@ -29,8 +29,8 @@ from rpg_trl.reliability import RewardFunctionError, RewardGuard
 from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE, load_generation_state, save_generation_state
 from rpg_trl.toy import build_char_tokenizer, make_fixed_rollout
 
-import _crash_worker
-from _tiny_runs import quiet_cpu_args
+from helpers import crash_worker
+from helpers.tiny_runs import quiet_cpu_args
 
 
 TOKENIZER = build_char_tokenizer()
@@ -62,7 +62,7 @@ def make_trainer(model_dir, tmp_path, reward=digit_reward, dataset=None, rollout
         model_dir,
         reward,
         args=make_args(tmp_path, **overrides),
-        train_dataset=dataset if dataset is not None else _crash_worker.PROMPTS,
+        train_dataset=dataset if dataset is not None else crash_worker.PROMPTS,
         processing_class=TOKENIZER,
         rollout_func=rollout,
     )
@@ -89,8 +89,8 @@ def interrupted_runs(tiny_model_dir, tmp_path_factory):
     def get(scenario):
         if scenario not in cache:
             root = tmp_path_factory.mktemp(f"crash-{scenario}")
-            full = _crash_worker.run(tiny_model_dir, root / "full", scenario)
-            cmd = [sys.executable, str(Path(_crash_worker.__file__)), tiny_model_dir, str(root / "crashed"), scenario]
+            full = crash_worker.run(tiny_model_dir, root / "full", scenario)
+            cmd = [sys.executable, str(Path(crash_worker.__file__)), tiny_model_dir, str(root / "crashed"), scenario]
             cmd += ["--crash-at", "5", "--threads", str(torch.get_num_threads())]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
             assert proc.returncode == -signal.SIGKILL, proc.stderr[-4000:]
@@ -104,7 +104,7 @@ def _logs_after(history, step):
     return [{k: v for k, v in h.items() if k not in NOT_TRAINING_STATE} for h in history if h["step"] > step]
 
 
-@pytest.mark.parametrize("scenario", list(_crash_worker.SCENARIOS))
+@pytest.mark.parametrize("scenario", list(crash_worker.SCENARIOS))
 def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
     interrupted_runs, tiny_model_dir, tmp_path, scenario
 ):
@@ -118,7 +118,7 @@ def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
     if scenario == "reference-sync":  # the reference synced at step 3 is in the checkpoint too
         assert (checkpoint / "rpg_reference.safetensors").is_file()
 
-    resumed = _crash_worker.run(tiny_model_dir, run_dir, scenario, resume=True)
+    resumed = crash_worker.run(tiny_model_dir, run_dir, scenario, resume=True)
 
     after_full, after_resumed = _logs_after(full["log_history"], 4), _logs_after(resumed["log_history"], 4)
     assert [h["step"] for h in after_resumed] == [5, 6, 7, 7]  # 3 steps logged, then the summary of train()
@@ -141,7 +141,7 @@ def test_resume_without_the_saved_generation_state_warns_and_is_not_exact(
     shutil.copytree(crashed, run_dir)
     (run_dir / "checkpoint-4" / GENERATION_STATE_FILE).unlink()
     with caplog.at_level(logging.WARNING):
-        resumed = _crash_worker.run(tiny_model_dir, run_dir, "sampling", resume=True)
+        resumed = crash_worker.run(tiny_model_dir, run_dir, "sampling", resume=True)
     assert any("inside a generation cycle" in m and GENERATION_STATE_FILE in m for m in rpg_warnings(caplog))
     assert _logs_after(resumed["log_history"], 4) != _logs_after(full["log_history"], 4)
     assert resumed["policy"] != full["policy"]
@@ -355,7 +355,7 @@ def test_prompts_longer_than_the_model_context_are_kept_whole_with_a_warning(tin
 @pytest.mark.parametrize("which", ["train_dataset", "eval_dataset"])
 def test_a_dataset_without_a_prompt_column_is_refused_at_construction(tiny_model_dir, tmp_path, which):
     bad = Dataset.from_dict({"question": ["1+1="] * 8, "answer": ["2"] * 8})
-    datasets = {"train_dataset": _crash_worker.PROMPTS, which: bad}
+    datasets = {"train_dataset": crash_worker.PROMPTS, which: bad}
     with pytest.raises(ValueError, match=r"has no 'prompt' column \(its columns: \['question', 'answer'\]\)"):
         RPGTrainer(tiny_model_dir, digit_reward, args=make_args(tmp_path), processing_class=TOKENIZER, **datasets)
 

@@ -10,7 +10,7 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_trl.toy import build_char_tokenizer
 
-from _tiny_runs import (
+from helpers.tiny_runs import (
     PROMPTS,
     count_sevens,
     fixed_inputs,

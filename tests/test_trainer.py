@@ -154,13 +154,6 @@ def test_grpo_config_is_refused_with_a_clear_message(tiny_model_dir, tmp_path):
         RPGTrainer(tiny_model_dir, count_sevens, args=GRPOConfig(**tiny_run_args(tmp_path)), train_dataset=PROMPTS)
 
 
-def test_paper_defaults():
-    config = RPGConfig(output_dir="unused", use_cpu=True, report_to="none")
-    assert (config.divergence, config.estimator, config.kl_anchor) == ("urkl", "reinforce", "sampling")
-    assert config.beta == 1e-4 and config.epsilon == 0.2 and config.epsilon_high == 0.28 and config.clip_c == 10.0
-    assert config.scale_rewards == "none" and config.aggregation == "token-mean" and config.rpg_clip
-
-
 def test_model_card_names_rpg_and_cites_the_paper(tiny_model_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path)
     trainer.create_model_card(model_name="tiny-rpg")

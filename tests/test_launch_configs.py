@@ -485,7 +485,7 @@ def test_the_two_silent_fallbacks_and_the_fsdp_shim(tmp_path):
     script.write_text(FALLBACK_PROBE)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp2.yaml")]
     command += ["--num_processes", "2", "--num_machines", "1", "--main_process_port", str(_free_port())]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(SHIM.parent)]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(ROOT / "tests")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]

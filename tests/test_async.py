@@ -13,11 +13,10 @@ from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
 import rpg_trl
 from rpg_trl.async_rpg import AsyncRPGConfig, AsyncRPGTrainer
-from rpg_trl.config import RPGLossArguments
 from rpg_trl.cpu_rollouts import cpu_backend
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss
 
-from _async_harness import (
+from helpers.async_harness import (
     RecordingWeightTransfer,
     async_args,
     completion_log_probs,
@@ -41,33 +40,6 @@ def _cpu_backend():
 # ----------------------------------------------------------------------------------------------------------------------
 # Configuration
 # ----------------------------------------------------------------------------------------------------------------------
-
-
-def test_config_has_rpg_loss_fields_with_paper_defaults(tmp_path):
-    config = AsyncRPGConfig(**async_args(tmp_path))
-    shared = set(RPGLossArguments.__dataclass_fields__)
-    assert shared <= set(AsyncRPGConfig.__dataclass_fields__)
-    assert (config.divergence, config.estimator, config.rpg_clip, config.clip_c) == ("urkl", "reinforce", True, 10.0)
-    assert (config.beta, config.epsilon, config.epsilon_high) == (1e-4, 0.2, 0.28)
-    assert config.kl_anchor == "sampling"  # None resolves to the sampling policy: no reference model
-
-
-@pytest.mark.parametrize(
-    "overrides, match",
-    [
-        ({"divergence": "kl"}, "divergence"),
-        ({"estimator": "ppo"}, "estimator"),
-        ({"clip_c": 1.1}, "clip_c"),
-        ({"beta": -1.0}, "beta"),
-        ({"kl_anchor": "reference", "beta": 0.0}, "beta > 0"),
-        ({"kl_anchor": "initial"}, "kl_anchor"),
-        ({"kl_importance_weight": False, "divergence": "fkl"}, "kl_importance_weight"),
-        ({"kl_level": "sequence"}, "kl_level='sequence'` is not available with AsyncRPGTrainer"),
-    ],
-)
-def test_config_refuses_bad_values(tmp_path, overrides, match):
-    with pytest.raises(ValueError, match=match):
-        AsyncRPGConfig(**async_args(tmp_path, **overrides))
 
 
 def test_trainer_refuses_a_grpo_config(tiny_model_dir, tmp_path):

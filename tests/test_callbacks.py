@@ -24,11 +24,11 @@ from rpg_trl.ref_sync.trigger import SyncTrigger
 from rpg_trl.ref_sync.weights import REF_ADAPTER, REFERENCE_FILE, gather_reference, mix_parameters, restore_reference
 from rpg_trl.toy import build_char_tokenizer
 
-from _sync_two_proc import AllocatedBytes
-from _tiny_runs import PROMPTS, quiet_cpu_args
+from helpers.sync_two_proc import AllocatedBytes
+from helpers.tiny_runs import PROMPTS, quiet_cpu_args
 
 
-TWO_PROC_SCRIPT = os.path.join(os.path.dirname(__file__), "_sync_two_proc.py")
+TWO_PROC_SCRIPT = os.path.join(os.path.dirname(__file__), "helpers", "sync_two_proc.py")
 
 
 def digit_fraction(completions, **kwargs):
@@ -95,34 +95,6 @@ class SyncProbe(TrainerCallback):
             self.seen = callback.num_syncs
             ref_after, policy = reference_and_policy(self.trainer)
             self.syncs.append((state.global_step, self.ref_before, policy, ref_after))
-
-
-# ------------------------------------------------------------------------------------------------ configuration
-@pytest.mark.parametrize(
-    "overrides, field",
-    [
-        ({"kl_anchor": "reference", "ref_model_sync_kl_threshold": 0.0}, "ref_model_sync_kl_threshold"),
-        ({"kl_anchor": "reference", "ref_model_sync_kl_threshold": -1.0}, "ref_model_sync_kl_threshold"),
-        ({"kl_anchor": "sampling", "ref_model_sync_kl_threshold": 0.1}, "ref_model_sync_kl_threshold"),
-        ({"kl_anchor": "reference", "sync_ref_model": True, "ref_model_sync_steps": 0}, "ref_model_sync_steps"),
-        (
-            {"kl_anchor": "reference", "ref_model_sync_kl_threshold": 0.1, "ref_model_sync_kl_ema": 1.0},
-            "ref_model_sync_kl_ema",
-        ),
-        ({"kl_anchor": "reference", "sync_ref_model": True, "ref_model_mixup_alpha": 0.0}, "ref_model_mixup_alpha"),
-    ],
-    ids=["kappa-zero", "kappa-negative", "kappa-with-sampling-anchor", "interval-zero", "ema-one", "alpha-zero"],
-)
-def test_invalid_sync_config_names_the_field(tmp_path, overrides, field):
-    with pytest.raises(ValueError, match=field):
-        RPGConfig(output_dir=str(tmp_path), beta=0.05, report_to="none", use_cpu=True, **overrides)
-
-
-def test_valid_sync_config(tmp_path):
-    args = RPGConfig(
-        output_dir=str(tmp_path), kl_anchor="reference", beta=0.05, ref_model_sync_kl_threshold=0.1, use_cpu=True
-    )
-    assert (args.ref_model_sync_kl_threshold, args.ref_model_sync_kl_ema) == (0.1, 0.9)
 
 
 # ------------------------------------------------------------------------------------------------ trigger (no trainer)

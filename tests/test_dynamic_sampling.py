@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from unittest.mock import PropertyMock, patch
+from unittest.mock import patch
 
 import pytest
 import torch
@@ -35,7 +35,7 @@ from rpg_trl.dynamic_sampling import (
 )
 from rpg_trl.toy import build_char_tokenizer
 
-from _tiny_runs import PROMPTS, tiny_run_args
+from helpers.tiny_runs import PROMPTS, tiny_run_args
 
 
 NAN = float("nan")
@@ -338,18 +338,6 @@ def test_loop_needs_no_extra_round_when_every_group_has_signal():
     assert draws == []
 
 
-# ------------------------------------------------------------------------------------------------------------ config
-def test_config_validation():
-    common = dict(output_dir="unused", report_to="none", use_cpu=True, num_generations=4)
-    with pytest.raises(ValueError, match="dynamic_sampling_max_rounds"):
-        RPGConfig(**common, per_device_train_batch_size=4, dynamic_sampling=True, dynamic_sampling_max_rounds=0)
-    # Two processes of 2 rows: the global batch holds whole groups, the local batches do not.
-    with patch.object(RPGConfig, "world_size", new_callable=PropertyMock, return_value=2):
-        with pytest.raises(ValueError, match="multiple of num_generations"):
-            RPGConfig(**common, per_device_train_batch_size=2, dynamic_sampling=True)
-        RPGConfig(**common, per_device_train_batch_size=2, dynamic_sampling=False)  # TRL's sampling copes
-
-
 # -------------------------------------------------------------------------------------------------------- end to end
 
 
@@ -443,16 +431,16 @@ def test_a_resumed_run_draws_the_replacement_prompts_the_interrupted_one_would_h
 
 
 def test_two_processes_draw_disjoint_replacement_prompts_from_one_stream(tiny_model_dir, tmp_path):
-    """Two gloo processes (tests/_dynamic_sampling_two_proc.py): the data loader's prompts are gathered from both, the
-    stream is the same on both, each takes its own slice: no prompt twice in the generation batch, across processes
-    included."""
+    """Two gloo processes (tests/helpers/dynamic_sampling_two_proc.py): the data loader's prompts are gathered from
+    both, the stream is the same on both, each takes its own slice: no prompt twice in the generation batch, across
+    processes included."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["OMP_NUM_THREADS"] = "1"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(port), str(Path(__file__).with_name("_dynamic_sampling_two_proc.py"))]
+    cmd += ["--master_port", str(port), str(Path(__file__).parent / "helpers" / "dynamic_sampling_two_proc.py")]
     proc = subprocess.run([*cmd, tiny_model_dir, str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-6000:]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]

@@ -39,7 +39,7 @@ TIMEOUT = 240
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """A tiny Qwen3 whose character tokenizer covers the paper's prompt, and tiny train/eval JSONL files."""
-    from _tiny_runs import save_math_assets
+    from helpers.tiny_runs import save_math_assets
 
     return save_math_assets(tmp_path_factory.mktemp("math"))
 

@@ -29,7 +29,7 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_trl.toy import build_char_tokenizer, save_tiny_model
 
-from _tiny_runs import PROMPTS
+from helpers.tiny_runs import PROMPTS
 
 
 #: `RPG_GPU_DRY_RUN=1`: run on CPU with the tiny model instead of skipping (a check that the GPU suite runs at all).

@@ -1,10 +1,11 @@
-"""Reliability of `RPGTrainer`: exact resume after a crash, hostile inputs, configuration checks, property tests.
+"""Reliability of `RPGTrainer`: exact resume after a crash, hostile inputs, property tests.
 
-The crash tests kill a training process with SIGKILL (`tests/_crash_worker.py`) and resume it here; the multi-process
-tests are in `tests/test_multiprocess.py`. What these tests prove is summarised in `docs/guarantees.md`.
+The crash tests kill a training process with SIGKILL (`tests/helpers/crash_worker.py`) and resume it here; the
+multi-process tests are in `tests/test_multiprocess.py`, the units of `rpg_trl/reliability/` (no trainer) in
+`tests/test_reliability.py` and the configuration checks in `tests/test_config.py`. What these tests prove is summarised
+in `docs/guarantees.md`.
 """
 
-import asyncio
 import logging
 import math
 import shutil
@@ -12,7 +13,6 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,12 +25,12 @@ from transformers import AutoConfig
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import AGGREGATIONS, DIVERGENCES, ESTIMATORS, rpg_loss
 from rpg_trl.math_task.rewards import accuracy_reward, extract_answer, format_reward, get_soft_overlong_punishment
-from rpg_trl.reliability import RewardFunctionError, RewardGuard
-from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE, load_generation_state, save_generation_state
+from rpg_trl.reliability import RewardFunctionError
+from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE
 from rpg_trl.toy import build_char_tokenizer, make_fixed_rollout
 
-import _crash_worker
-from _tiny_runs import quiet_cpu_args
+from helpers import crash_worker
+from helpers.tiny_runs import quiet_cpu_args, rpg_warnings
 
 
 TOKENIZER = build_char_tokenizer()
@@ -62,7 +62,7 @@ def make_trainer(model_dir, tmp_path, reward=digit_reward, dataset=None, rollout
         model_dir,
         reward,
         args=make_args(tmp_path, **overrides),
-        train_dataset=dataset if dataset is not None else _crash_worker.PROMPTS,
+        train_dataset=dataset if dataset is not None else crash_worker.PROMPTS,
         processing_class=TOKENIZER,
         rollout_func=rollout,
     )
@@ -70,10 +70,6 @@ def make_trainer(model_dir, tmp_path, reward=digit_reward, dataset=None, rollout
 
 def train_logs(trainer):
     return [h for h in trainer.state.log_history if "loss" in h]
-
-
-def rpg_warnings(caplog):
-    return [r.getMessage() for r in caplog.records if r.name.startswith("rpg_trl") and r.levelno == logging.WARNING]
 
 
 # ==================================================================================================== crash and resume
@@ -89,8 +85,8 @@ def interrupted_runs(tiny_model_dir, tmp_path_factory):
     def get(scenario):
         if scenario not in cache:
             root = tmp_path_factory.mktemp(f"crash-{scenario}")
-            full = _crash_worker.run(tiny_model_dir, root / "full", scenario)
-            cmd = [sys.executable, str(Path(_crash_worker.__file__)), tiny_model_dir, str(root / "crashed"), scenario]
+            full = crash_worker.run(tiny_model_dir, root / "full", scenario)
+            cmd = [sys.executable, str(Path(crash_worker.__file__)), tiny_model_dir, str(root / "crashed"), scenario]
             cmd += ["--crash-at", "5", "--threads", str(torch.get_num_threads())]
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
             assert proc.returncode == -signal.SIGKILL, proc.stderr[-4000:]
@@ -104,7 +100,7 @@ def _logs_after(history, step):
     return [{k: v for k, v in h.items() if k not in NOT_TRAINING_STATE} for h in history if h["step"] > step]
 
 
-@pytest.mark.parametrize("scenario", list(_crash_worker.SCENARIOS))
+@pytest.mark.parametrize("scenario", list(crash_worker.SCENARIOS))
 def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
     interrupted_runs, tiny_model_dir, tmp_path, scenario
 ):
@@ -118,7 +114,7 @@ def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
     if scenario == "reference-sync":  # the reference synced at step 3 is in the checkpoint too
         assert (checkpoint / "rpg_reference.safetensors").is_file()
 
-    resumed = _crash_worker.run(tiny_model_dir, run_dir, scenario, resume=True)
+    resumed = crash_worker.run(tiny_model_dir, run_dir, scenario, resume=True)
 
     after_full, after_resumed = _logs_after(full["log_history"], 4), _logs_after(resumed["log_history"], 4)
     assert [h["step"] for h in after_resumed] == [5, 6, 7, 7]  # 3 steps logged, then the summary of train()
@@ -141,50 +137,10 @@ def test_resume_without_the_saved_generation_state_warns_and_is_not_exact(
     shutil.copytree(crashed, run_dir)
     (run_dir / "checkpoint-4" / GENERATION_STATE_FILE).unlink()
     with caplog.at_level(logging.WARNING):
-        resumed = _crash_worker.run(tiny_model_dir, run_dir, "sampling", resume=True)
+        resumed = crash_worker.run(tiny_model_dir, run_dir, "sampling", resume=True)
     assert any("inside a generation cycle" in m and GENERATION_STATE_FILE in m for m in rpg_warnings(caplog))
     assert _logs_after(resumed["log_history"], 4) != _logs_after(full["log_history"], 4)
     assert resumed["policy"] != full["policy"]
-
-
-def _fake_trainer(step, world_size=2, process_index=1, steps_per_generation=3):
-    args = SimpleNamespace(
-        steps_per_generation=steps_per_generation,
-        world_size=world_size,
-        process_index=process_index,
-        gradient_accumulation_steps=1,
-    )
-    ids = torch.arange(6).view(2, 3)
-    buffer = [{"completion_ids": ids + i, "num_items_in_batch": torch.tensor(6)} for i in range(3)]
-    return SimpleNamespace(
-        args=args,
-        num_iterations=1,
-        _step=step,
-        _buffered_inputs=buffer,
-        accelerator=SimpleNamespace(device="cpu"),
-        state=SimpleNamespace(global_step=step),
-    )
-
-
-def test_each_process_saves_its_own_generation_state_and_a_mismatched_layout_falls_back(tmp_path, caplog):
-    save_generation_state(_fake_trainer(step=4), str(tmp_path))
-    assert [p.name for p in tmp_path.iterdir()] == ["rpg_generation_state_1.pt"]  # like rng_state_{rank}.pth
-    restored = _fake_trainer(step=0)
-    restored._buffered_inputs = None
-    assert load_generation_state(restored, str(tmp_path))
-    assert restored._step == 4
-    assert torch.equal(restored._buffered_inputs[2]["completion_ids"], torch.arange(6).view(2, 3) + 2)
-
-    other_layout = _fake_trainer(step=0, steps_per_generation=2)
-    other_layout._buffered_inputs = None
-    other_layout.state.global_step = 3
-    with caplog.at_level(logging.WARNING):
-        assert not load_generation_state(other_layout, str(tmp_path))
-    assert other_layout._buffered_inputs is None and other_layout._step == 0
-    assert any("(2, 3, 1), not (2, 2, 1)" in m for m in rpg_warnings(caplog))
-
-    save_generation_state(_fake_trainer(step=6, process_index=0), str(tmp_path))  # at a generation boundary
-    assert torch.load(tmp_path / "rpg_generation_state_0.pt", weights_only=True)["buffered_inputs"] is None
 
 
 # ==================================================================================================== hostile rewards
@@ -250,58 +206,6 @@ def test_a_raising_reward_function_is_named_with_the_failing_sample(tiny_model_d
     assert "Prompt: '2+2='" in str(e.value) and isinstance(e.value.__cause__, ZeroDivisionError)
 
 
-@pytest.mark.parametrize(
-    "output, match",
-    [
-        (["1.0"] * 4, r"'bad' returned '1\.0' \(str\) for sample 0 of 4"),
-        ([0.0, 1.0, [2.0], 0.0], r"'bad' returned \[2\.0\] \(list\) for sample 2"),
-        ([0.0, 1j, 0.0, 0.0], r"'bad' returned 1j \(complex\) for sample 1"),
-        ([1.0] * 3, r"'bad' returned 3 rewards for 4 completions"),
-        (1.0, r"'bad' returned float 1\.0; expected a list"),
-    ],
-    ids=["string", "list", "complex", "too-few", "scalar"],
-)
-def test_malformed_reward_outputs_are_refused_naming_function_and_sample(output, match):
-    guard = RewardGuard()
-    bad = guard.wrap(lambda **kwargs: output, "bad")
-    with pytest.raises(RewardFunctionError, match=match):
-        bad(prompts=["p"] * 4, completions=["c"] * 4, completion_ids=[[1]] * 4)
-
-
-def test_non_finite_reward_warnings_name_the_function_and_are_rate_limited(caplog):
-    guard = RewardGuard()
-    with caplog.at_level(logging.WARNING):
-        for _ in range(12):
-            guard.sanitize("flaky", [1.0, math.nan], {"prompts": ["p", "q"]})
-        guard.sanitize("other", [math.inf, 0.0], {"prompts": ["p", "q"]})
-    messages = [m for m in rpg_warnings(caplog) if "non-finite" in m]
-    assert len(messages) == 3  # 'flaky' at its 1st and 10th batch, 'other' at its 1st
-    assert "'flaky'" in messages[0] and "sample 1" in messages[0] and "batch #10" in messages[1]
-    assert "'other'" in messages[2] and "inf" in messages[2]
-
-
-def test_async_reward_functions_are_guarded_too():
-    async def slow_reward(prompts, completions, **kwargs):
-        if "boom" in completions:
-            raise KeyError("boom")
-        return [math.inf if c == "inf" else 1.0 for c in completions]
-
-    guarded = RewardGuard().wrap(slow_reward, "slow_reward")
-    assert asyncio.run(guarded(prompts=["p"] * 3, completions=["a", "inf", "b"])) == [1.0, None, 1.0]
-    with pytest.raises(RewardFunctionError, match=r"'slow_reward' raised KeyError.* on sample 2 of 3"):
-        asyncio.run(guarded(prompts=["p"] * 3, completions=["a", "b", "boom"]))
-
-
-def test_batch_level_reward_failures_say_so():
-    def needs_two(prompts, **kwargs):
-        if len(prompts) < 2:
-            return [0.0] * len(prompts)
-        raise RuntimeError("whole batch")
-
-    with pytest.raises(RewardFunctionError, match="did not fail, so the failure depends on the batch as a whole"):
-        RewardGuard().wrap(needs_two, "needs_two")(prompts=["a", "b"], completions=["x", "y"])
-
-
 # ==================================================================================================== hostile data
 def test_empty_and_length_capped_completions_train_with_finite_loss(tiny_model_dir, tmp_path):
     """Completions that are only EOS (empty text) and completions cut at max_completion_length (no EOS)."""
@@ -355,7 +259,7 @@ def test_prompts_longer_than_the_model_context_are_kept_whole_with_a_warning(tin
 @pytest.mark.parametrize("which", ["train_dataset", "eval_dataset"])
 def test_a_dataset_without_a_prompt_column_is_refused_at_construction(tiny_model_dir, tmp_path, which):
     bad = Dataset.from_dict({"question": ["1+1="] * 8, "answer": ["2"] * 8})
-    datasets = {"train_dataset": _crash_worker.PROMPTS, which: bad}
+    datasets = {"train_dataset": crash_worker.PROMPTS, which: bad}
     with pytest.raises(ValueError, match=r"has no 'prompt' column \(its columns: \['question', 'answer'\]\)"):
         RPGTrainer(tiny_model_dir, digit_reward, args=make_args(tmp_path), processing_class=TOKENIZER, **datasets)
 
@@ -422,75 +326,6 @@ def test_the_importance_weight_warning_can_be_switched_off(tiny_model_dir, tmp_p
     with caplog.at_level(logging.WARNING):
         trainer.log({})
     assert not [m for m in rpg_warnings(caplog) if "importance weight" in m]
-
-
-# ==================================================================================================== configuration
-INVALID_CONFIGS = [
-    # RPG's own hyperparameters
-    (dict(divergence="js"), "divergence"),
-    (dict(estimator="ppo"), "estimator"),
-    (dict(aggregation="sum"), "aggregation"),
-    (dict(loss_type="cispo"), "loss_type"),
-    (dict(beta=-1.0), "beta"),
-    (dict(beta=float("nan")), "beta"),
-    (dict(epsilon=-0.1), "epsilon"),
-    (dict(epsilon=1.0), "epsilon"),
-    (dict(epsilon_high=-0.1), "epsilon_high"),
-    (dict(clip_c=1.0), "clip_c"),
-    (dict(clip_c=1.1), "clip_c"),  # below 1 + epsilon_high
-    (dict(importance_sampling_level="group"), "importance_sampling_level"),
-    (dict(kl_importance_weight=False, divergence="rkl"), "kl_importance_weight"),
-    (dict(kl_anchor="initial"), "kl_anchor"),
-    (dict(kl_anchor="reference", beta=0.0), "kl_anchor"),
-    (dict(delta=2.0), "delta"),
-    (dict(loss_type="sapo"), "loss_type"),
-    (dict(loss_type="vespo"), "loss_type"),
-    (dict(loss_type="grpo", aggregation="token-mean"), "aggregation"),
-    (dict(use_bias_correction_kl=False, divergence="fkl"), "kl_importance_weight"),
-    (dict(kl_level="prefix"), "kl_level"),
-    (dict(kl_level="sequence", use_bias_correction_kl=False), "kl_importance_weight"),
-    (dict(kl_level="sequence", importance_sampling_level="sequence"), "kl_level"),
-    (dict(rpg_clip="yes"), "rpg_clip"),
-    # reference sync
-    (dict(sync_ref_model=True, kl_anchor="sampling"), "sync_ref_model"),
-    (dict(ref_model_sync_kl_threshold=0.1, kl_anchor="sampling"), "ref_model_sync_kl_threshold"),
-    (dict(sync_ref_model=True, beta=0.0), "kl_anchor"),
-    (dict(kl_anchor="reference", ref_model_sync_kl_threshold=0.0), "ref_model_sync_kl_threshold"),
-    (dict(ref_model_sync_kl_ema=1.0), "ref_model_sync_kl_ema"),
-    (dict(ref_model_sync_steps=0), "ref_model_sync_steps"),
-    (dict(kl_anchor="reference", sync_ref_model=True, ref_model_mixup_alpha=0.0), "ref_model_mixup_alpha"),
-    (dict(dynamic_sampling_max_rounds=0), "dynamic_sampling_max_rounds"),
-    # sampling, batching and rewards (TRL accepts these and fails, or produces NaN, later)
-    (dict(temperature=0.0), "temperature"),
-    (dict(num_iterations=0), "num_iterations"),
-    (dict(steps_per_generation=0), "steps_per_generation"),
-    (dict(max_completion_length=0), "max_completion_length"),
-    (dict(reward_weights=[float("nan")]), "reward_weights"),
-    (dict(scale_rewards="max"), "scale_rewards"),
-    (dict(multi_objective_aggregation="max"), "multi_objective_aggregation"),
-    (dict(top_entropy_quantile=1.5), "top_entropy_quantile"),
-    (dict(entropy_coef=float("inf")), "entropy_coef"),
-    (dict(off_policy_mask_threshold=-1.0), "off_policy_mask_threshold"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(importance_weight_warning_threshold=0.5), "importance_weight_warning_threshold"),
-]
-
-
-@pytest.mark.parametrize(
-    "overrides, field", INVALID_CONFIGS, ids=[f"{i:02d}-{f}" for i, (_, f) in enumerate(INVALID_CONFIGS)]
-)
-def test_invalid_config_is_rejected_at_construction_naming_the_field(overrides, field):
-    with pytest.raises(ValueError, match=rf"`{field}"):
-        RPGConfig(output_dir="unused", use_cpu=True, report_to="none", **overrides)
-
-
-def test_every_rpg_field_with_a_check_has_a_row_and_the_defaults_are_valid():
-    from trl import GRPOConfig
-
-    rpg_fields = set(RPGConfig.__dataclass_fields__) - set(GRPOConfig.__dataclass_fields__)
-    # All but a switch and a reward function's name (checked against the reward functions by the trainer).
-    assert rpg_fields - {field for _, field in INVALID_CONFIGS} == {"dynamic_sampling", "dynamic_sampling_metric"}
-    RPGConfig(output_dir="unused", use_cpu=True, report_to="none")  # the defaults are valid
 
 
 # ==================================================================================================== property tests
@@ -577,28 +412,6 @@ def test_property_num_items_only_rescales_token_mean_and_rows_can_be_permuted(
         assert rescaled.item() == pytest.approx(expected, rel=1e-10, abs=1e-15)
         as_tensor, _ = rpg_loss(logps, old, adv, mask, num_items=torch.tensor(num_items), **kw)
         assert as_tensor.item() == pytest.approx(rescaled.item(), rel=1e-6)
-
-
-_REWARD_VALUES = st.one_of(
-    st.none(),
-    st.floats(allow_nan=True, allow_infinity=True),
-    st.integers(-(10**40), 10**40),
-    st.booleans(),
-    st.floats(width=32).map(np.float32),
-    st.floats().map(lambda x: torch.tensor(x, dtype=torch.float64)),
-)
-
-
-@settings(max_examples=80, deadline=None)
-@given(values=st.lists(_REWARD_VALUES, min_size=1, max_size=12))
-def test_property_guarded_rewards_are_finite_float32_or_none(values):
-    rewards = RewardGuard().sanitize("f", values, {"prompts": ["p"] * len(values)})
-    assert len(rewards) == len(values)
-    for value, reward in zip(values, rewards):
-        assert reward is None or (isinstance(reward, float) and math.isfinite(reward) and abs(reward) <= 3.5e38)
-        if value is not None and reward is not None:
-            assert reward == float(value)
-    torch.tensor([math.nan if r is None else r for r in rewards], dtype=torch.float32).isfinite()  # never overflows
 
 
 _UNICODE = st.text(alphabet=st.characters(exclude_categories=()), max_size=200)  # surrogates and controls included

@@ -8,8 +8,8 @@ checkpoint files, two processes), so a silent fallback to DDP or to one process 
 synced reference equal 2-process DDP's at the same seed and data, and a resume from the step-2 checkpoint equals the
 uninterrupted run. Runs: the sampling anchor under every config; a reference model with KL-triggered syncs under ZeRO-3
 and FSDP2; LoRA (with its "ref" adapter synced) under ZeRO-2. Each run launches once (module-scoped fixtures) and
-trains 4 steps. `tests/_cpu_launch.py` applies the two CPU shims in the launched processes; docs/scaling.md, "Launch
-configs on a CPU", has the commands.
+trains 4 steps. `tests/helpers/cpu_launch.py` applies the two CPU shims in the launched processes; docs/scaling.md,
+"Launch configs on a CPU", has the commands.
 """
 
 import importlib.util
@@ -27,12 +27,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from _tiny_runs import assert_close_in_norm, save_math_assets
+from helpers.tiny_runs import assert_close_in_norm, save_math_assets
 
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "accelerate_configs"
-SHIM = ROOT / "tests" / "_cpu_launch.py"
+SHIM = ROOT / "tests" / "helpers" / "cpu_launch.py"
 SCRIPT = ROOT / "examples" / "rpg_math.py"
 TIMEOUT = 300
 
@@ -101,7 +101,7 @@ class Run:
         return load_file(self.output_dir / relative_path)
 
     def reports(self) -> list[dict]:
-        """What each process ran (`tests/_cpu_launch.py`), by process index."""
+        """What each process ran (`tests/helpers/cpu_launch.py`), by process index."""
         files = sorted((self.output_dir / "backend").glob("rank*.json"))
         return [json.loads(f.read_text()) for f in files]
 
@@ -155,7 +155,8 @@ def _launch(assets, name, config, script_args, machines=1) -> Run:
         assert process.returncode == 0, output[-6000:]
     for output in outputs:
         assert "with 2 process(es)" in output, output[-3000:]  # the script's own count, on each machine
-        # No op was compiled: DeepSpeed's g++ build of its shared-memory all-reduce stayed skipped (tests/_cpu_launch.py)
+        # No op was compiled: DeepSpeed's g++ build of its shared-memory all-reduce stayed skipped
+        # (tests/helpers/cpu_launch.py)
         assert "shm_comm_op" not in output and "extensions root" not in output
     return Run(output_dir, "\n".join(outputs))
 
@@ -461,7 +462,7 @@ FALLBACK_PROBE = textwrap.dedent("""
     from accelerate.state import AcceleratorState
 
     sys.path.insert(0, sys.argv[1])
-    from _cpu_launch import apply_fsdp_plugin_on_cpu
+    from helpers.cpu_launch import apply_fsdp_plugin_on_cpu
 
     def state(label, cpu):
         accelerator = Accelerator(cpu=cpu)
@@ -484,7 +485,7 @@ def test_the_two_silent_fallbacks_and_the_fsdp_shim(tmp_path):
     script.write_text(FALLBACK_PROBE)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp2.yaml")]
     command += ["--num_processes", "2", "--num_machines", "1", "--main_process_port", str(_free_port())]
-    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(SHIM.parent)]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(ROOT / "tests")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]

@@ -137,7 +137,7 @@ def test_moved_names_resolve_from_their_packages():
 def test_nothing_in_the_repository_imports_the_old_paths():
     aliases = {old for old, _, _ in MOVED}
     sources = [p for p in _modules() if _module_name(p) not in aliases]
-    sources += sorted((PACKAGE.parent / "examples").glob("*.py")) + sorted((PACKAGE.parent / "tests").glob("*.py"))
+    sources += sorted((PACKAGE.parent / "examples").glob("*.py")) + sorted((PACKAGE.parent / "tests").rglob("*.py"))
     found = {}
     for path in sources:
         if path.resolve() == Path(__file__).resolve():

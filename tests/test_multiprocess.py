@@ -1,9 +1,10 @@
 """Two CPU processes (gloo) train exactly like one process holding the same global batch.
 
-The two-process runs (`tests/_mp_worker.py`, started once with `torch.distributed.run` for all three aggregations) and
-the one-process runs (here) see the same prompts and, through a deterministic `rollout_func`, the same completions
-(ragged lengths, so that the aggregations differ). Everything runs in float64 with SGD; what remains of float32 inside
-the model (Qwen3's RMSNorm and rotary embeddings compute in float32) bounds the agreement at ~1e-6 relative.
+The two-process runs (`tests/helpers/mp_worker.py`, started once with `torch.distributed.run` for all three
+aggregations) and the one-process runs (here) see the same prompts and, through a deterministic `rollout_func`, the
+same completions (ragged lengths, so that the aggregations differ). Everything runs in float64 with SGD; what remains
+of float32 inside the model (Qwen3's RMSNorm and rotary embeddings compute in float32) bounds the agreement at ~1e-6
+relative.
 """
 
 import math
@@ -19,10 +20,11 @@ import torch
 
 from rpg_trl.losses import AGGREGATIONS
 
-import _mp_worker
+from helpers import mp_worker
 
 
-WORKER = Path(__file__).with_name("_mp_worker.py")
+ROOT = Path(__file__).resolve().parent.parent
+WORKER = Path(mp_worker.__file__)
 #: Logged metrics that must not depend on the batch layout (all are reduced over processes by the trainer).
 REDUCED_METRICS = (
     "loss",
@@ -53,7 +55,7 @@ def two_process_runs(tiny_model_dir, tmp_path_factory):
     """Results of the two-process runs, one launch for every aggregation."""
     out = tmp_path_factory.mktemp("two-processes")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    env["PYTHONPATH"] = os.pathsep.join([str(WORKER.parent.parent), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
     cmd += ["--master_port", str(_free_port()), str(WORKER), tiny_model_dir, str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
@@ -70,7 +72,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(
     two_process_runs, tiny_model_dir, tmp_path, aggregation
 ):
     multi = two_process_runs[aggregation]
-    single = _mp_worker.run(tiny_model_dir, tmp_path, aggregation, world_size=1)
+    single = mp_worker.run(tiny_model_dir, tmp_path, aggregation, world_size=1)
 
     # The same global batch: each process holds whole groups, together the prompts of the one-process batch.
     assert len(multi["prompts"]) == 2 and all(len(p) == 4 for p in multi["prompts"])  # generated once, used twice
@@ -88,7 +90,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(
     assert off_policy["kl"] > 0 and off_policy["clip_ratio/region_mean"] > 0 and off_policy["loss"] != 0
 
     # The same update: SGD moves the weights by lr * gradient.
-    initial = _mp_worker.Qwen3ForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).state_dict()
+    initial = mp_worker.Qwen3ForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float64).state_dict()
     delta_multi = torch.cat([(multi["weights"][k] - initial[k]).flatten() for k in sorted(initial)])
     delta_single = torch.cat([(single["weights"][k] - initial[k]).flatten() for k in sorted(initial)])
     scale = delta_single.abs().max().item()
@@ -121,8 +123,8 @@ def test_gloo_runs_exit_cleanly(tmp_path):
     # PyTorch's gloo teardown can deadlock or abort at exit (rpg_trl/reliability/teardown.py). Measured on a 2-core CPU with this
     # worker: 10 of 30 `plain` runs failed (13 of 30 and 4 of 8 in earlier checks), 0 of 30 with the group held. With
     # PyTorch's teardown, eight runs all pass with p ~ (2/3)^8 < 4%.
-    worker = Path(__file__).with_name("_teardown_worker.py")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(worker.parent.parent), os.environ.get("PYTHONPATH", "")]))
+    worker = Path(__file__).parent / "helpers" / "teardown_worker.py"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     failures = []
     for run in range(8):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
@@ -133,31 +135,3 @@ def test_gloo_runs_exit_cleanly(tmp_path):
                 f"run {run}: " + ("hung" if returncode is None else f"exit code {returncode}\n{stderr[-1500:]}")
             )
     assert not failures, "\n".join(failures)
-
-
-def test_hold_is_idempotent_and_the_group_is_destroyed_before_the_interpreter_exits():
-    ports = [_free_port(), _free_port()]
-    script = f"""
-import atexit
-import torch.distributed as dist
-from rpg_trl.reliability import teardown
-
-# Registered before teardown's own handler, so it runs after it (atexit is last in, first out).
-atexit.register(lambda: print("initialized after release:", dist.is_initialized()))
-assert not teardown.hold_process_group_until_exit()  # no process group: nothing to hold
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{ports[0]}", rank=0, world_size=1)
-assert teardown.hold_process_group_until_exit() and teardown.hold_process_group_until_exit()
-group = dist.group.WORLD
-assert len(teardown._HELD) == 1 and teardown._HELD[0] is group
-dist.destroy_process_group()  # Trainer.end(): the group object survives, held
-assert teardown._HELD[0] is group
-teardown.release_process_groups()
-assert teardown._HELD == [] and not dist.is_initialized()
-# A script that never destroys its group: the exit handler does.
-dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{ports[1]}", rank=0, world_size=1)
-assert teardown.hold_process_group_until_exit() and dist.is_initialized()
-print("done")
-"""
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.split("\n")[:2] == ["done", "initialized after release: False"], proc.stdout

@@ -257,7 +257,7 @@ def _scoring_trainer(model_dir, scale_rewards, reward_weights):
     from rpg_trl import RPGConfig, RPGTrainer
     from rpg_trl.toy import build_char_tokenizer
 
-    from _tiny_runs import quiet_cpu_args
+    from helpers.tiny_runs import quiet_cpu_args
 
     tokenizer = build_char_tokenizer()
 

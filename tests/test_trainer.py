@@ -10,7 +10,7 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_trl.toy import build_char_tokenizer
 
-from _tiny_runs import (
+from helpers.tiny_runs import (
     PROMPTS,
     count_sevens,
     fixed_inputs,
@@ -152,13 +152,6 @@ def test_lora_trains_adapter_and_leaves_base_untouched(tiny_model_dir, tmp_path)
 def test_grpo_config_is_refused_with_a_clear_message(tiny_model_dir, tmp_path):
     with pytest.raises(TypeError, match="RPGConfig"):
         RPGTrainer(tiny_model_dir, count_sevens, args=GRPOConfig(**tiny_run_args(tmp_path)), train_dataset=PROMPTS)
-
-
-def test_paper_defaults():
-    config = RPGConfig(output_dir="unused", use_cpu=True, report_to="none")
-    assert (config.divergence, config.estimator, config.kl_anchor) == ("urkl", "reinforce", "sampling")
-    assert config.beta == 1e-4 and config.epsilon == 0.2 and config.epsilon_high == 0.28 and config.clip_c == 10.0
-    assert config.scale_rewards == "none" and config.aggregation == "token-mean" and config.rpg_clip
 
 
 def test_model_card_names_rpg_and_cites_the_paper(tiny_model_dir, tmp_path):

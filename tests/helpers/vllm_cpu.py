@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 #: The smallest Qwen3 shape the CPU attention accepts: head_dim 32 (128 / 4 heads); head_dim 16 is refused.
 CPU_MODEL_KWARGS = dict(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256)
 #: The CPU wheel's version with the `+cpu` local label, from which vLLM picks its CPU platform.
@@ -112,7 +112,7 @@ class VLLMServer:
         command += ["--dtype", "float32", "--max-model-len", str(self.max_model_len), "--log-level", "warning"]
         command += ["--enforce_eager"]  # no graph compilation: healthy in ~45 s instead of ~110 s on 2 cores
         # Forwarded to `vllm serve`: the receiving end of the test-side weight transport (see CPUWeightReceiver).
-        command += ["--worker-extension-cls", "_vllm_cpu.CPUWeightReceiver", *self.extra_args]
+        command += ["--worker-extension-cls", "helpers.vllm_cpu.CPUWeightReceiver", *self.extra_args]
         env = vllm_cpu_env(self.workdir / "tmp", PYTHONPATH=pythonpath)
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
@@ -179,9 +179,10 @@ def repack_tied_lm_head(model) -> None:
 
 
 class CPUWeightReceiver:
-    """vLLM worker extension (`--worker-extension-cls _vllm_cpu.CPUWeightReceiver`): the receiving end of the weight
-    transport that replaces TRL's NCCL broadcast (CPU-build gap: no NCCL without CUDA). Called through `/collective_rpc`
-    inside TRL's `/start_weight_update` ... `/finish_weight_update`, which run vLLM's layerwise reload around it."""
+    """vLLM worker extension (`--worker-extension-cls helpers.vllm_cpu.CPUWeightReceiver`): the receiving end of the
+    weight transport that replaces TRL's NCCL broadcast (CPU-build gap: no NCCL without CUDA). Called through
+    `/collective_rpc` inside TRL's `/start_weight_update` ... `/finish_weight_update`, which run vLLM's layerwise
+    reload around it."""
 
     def rpg_load_weights(self, path: str) -> int:
         from safetensors.torch import load_file
@@ -280,8 +281,8 @@ _INSTALLED = []
 
 
 def install_cpu_bridges_for_subprocess() -> None:
-    """Called by `tests/_vllm_cpu_site/sitecustomize.py` in a training subprocess (e.g. `accelerate launch`): the
-    stand-ins stay installed for the life of the process (the context is kept, so that it is never closed)."""
+    """Called by `tests/helpers/vllm_cpu_site/sitecustomize.py` in a training subprocess (e.g. `accelerate launch`):
+    the stand-ins stay installed for the life of the process (the context is kept, so that it is never closed)."""
     context = cpu_bridges()
     context.__enter__()
     _INSTALLED.append(context)

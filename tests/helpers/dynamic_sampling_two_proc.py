@@ -1,6 +1,6 @@
 """Two-process (CPU, gloo) run for `tests/test_dynamic_sampling.py`: replacement prompts under DDP.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/_dynamic_sampling_two_proc.py MODEL_DIR OUT_DIR
+    python -m torch.distributed.run --nproc_per_node 2 tests/helpers/dynamic_sampling_two_proc.py MODEL_DIR OUT_DIR
 
 A 2-step run (one generation batch of 4 groups per process) with dynamic sampling and a reward that is constant for
 the prompts starting with an even digit, so that extra rounds draw replacement prompts. Each process writes
@@ -11,14 +11,15 @@ state of its replacement-prompt stream at the end.
 import json
 import os
 import sys
+from pathlib import Path
 
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `tests/` on the path, for `helpers.*`
 
 from rpg_trl import RPGConfig, RPGTrainer  # noqa: E402
 from rpg_trl.toy import build_char_tokenizer  # noqa: E402
 
-from _tiny_runs import PROMPTS, tiny_run_args  # noqa: E402
+from helpers.tiny_runs import PROMPTS, tiny_run_args  # noqa: E402
 
 
 def sevens_unless_even(completions, prompts, **kwargs):

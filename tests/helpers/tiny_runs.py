@@ -1,6 +1,7 @@
 """What the tests that train a tiny local Qwen3 on CPU share: the prompts and the settings of a short, quiet run."""
 
 import json
+import logging
 import string
 
 import torch
@@ -87,6 +88,11 @@ def make_trainer(model_dir, tmp_path, trainer_cls=None, config_cls=None, reward=
 def logged(trainer, key):
     """Every logged value of `key`, in order."""
     return [h[key] for h in trainer.state.log_history if key in h]
+
+
+def rpg_warnings(caplog):
+    """The warnings that `rpg_trl` logged, as captured by pytest's `caplog`."""
+    return [r.getMessage() for r in caplog.records if r.name.startswith("rpg_trl") and r.levelno == logging.WARNING]
 
 
 def policy_logps(trainer, prompt_ids, prompt_mask, completion_ids, completion_mask):

@@ -1,6 +1,6 @@
 """Two-process CPU (gloo) runs for `tests/test_multiprocess.py`: one global batch, split over two processes.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/_mp_worker.py MODEL_DIR OUT_DIR
+    python -m torch.distributed.run --nproc_per_node 2 tests/helpers/mp_worker.py MODEL_DIR OUT_DIR
 
 (`accelerate launch --cpu --num_processes 2` starts one process unless MPI is set up; torchrun is what `accelerate
 launch --multi_gpu` wraps, and accelerate then joins a gloo process group on CPU, as `use_cpu=True` asks.)
@@ -14,6 +14,7 @@ writes OUT_DIR/{aggregation}.pt: the log history, the final weights and the prom
 
 import sys
 import zlib
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -23,7 +24,11 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import AGGREGATIONS
 from rpg_trl.toy import build_char_tokenizer, make_fixed_rollout
 
-from _tiny_runs import PROMPTS, quiet_cpu_args
+
+if __name__ == "__main__":  # run as a script: `tests/` on the path, for `helpers.*`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from helpers.tiny_runs import PROMPTS, quiet_cpu_args  # noqa: E402
 
 
 GLOBAL_BATCH = 8

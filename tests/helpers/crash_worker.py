@@ -1,6 +1,6 @@
 """Training runs for the crash-and-resume tests of `tests/test_guarantees.py`.
 
-    python tests/_crash_worker.py MODEL_DIR OUTPUT_DIR SCENARIO --crash-at STEP [--threads N]
+    python tests/helpers/crash_worker.py MODEL_DIR OUTPUT_DIR SCENARIO --crash-at STEP [--threads N]
 
 trains like [`run`] and kills its own process with SIGKILL at the end of optimizer step STEP (after the checkpoints of
 the earlier steps were written, before the checkpoint of that step). The test runs the uninterrupted reference and the
@@ -17,6 +17,7 @@ import hashlib
 import os
 import signal
 import sys
+from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
@@ -24,7 +25,11 @@ from transformers import TrainerCallback
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.toy import build_char_tokenizer
 
-from _tiny_runs import PROMPTS, quiet_cpu_args
+
+if __name__ == "__main__":  # run as a script: `tests/` on the path, for `helpers.*`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from helpers.tiny_runs import PROMPTS, quiet_cpu_args  # noqa: E402
 
 
 MAX_STEPS = 7

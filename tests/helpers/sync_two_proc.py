@@ -1,8 +1,8 @@
 """Two-process (CPU, gloo) runs for `tests/test_callbacks.py`: reference syncs under DDP, and the weight functions
 under real DeepSpeed ZeRO-3.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/_sync_two_proc.py MODEL_DIR OUT_DIR
-    DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 tests/_sync_two_proc.py zero3 OUT_DIR
+    python -m torch.distributed.run --nproc_per_node 2 tests/helpers/sync_two_proc.py MODEL_DIR OUT_DIR
+    DS_ACCELERATOR=cpu python -m torch.distributed.run --nproc_per_node 2 tests/helpers/sync_two_proc.py zero3 OUT_DIR
 
 (`accelerate launch --cpu --num_processes 2` starts a single process unless MPI is set up; torchrun is the launcher
 that `accelerate launch --multi_gpu` wraps, and accelerate then joins a gloo process group on CPU.)
@@ -25,6 +25,7 @@ values gathered before (OUT_DIR/zero3_rank{R}.json).
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -62,7 +63,7 @@ def main(model_dir: str, out_dir: str) -> None:
     from rpg_trl import RPGConfig, RPGTrainer
     from rpg_trl.toy import build_char_tokenizer
 
-    from _tiny_runs import PROMPTS, quiet_cpu_args
+    from helpers.tiny_runs import PROMPTS, quiet_cpu_args
 
     def digit_fraction(completions, **kwargs):
         return [sum(ch.isdigit() for ch in c) / 8 for c in completions]
@@ -245,6 +246,7 @@ def main_zero3(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # `tests/` on the path, for `helpers.*`
     if sys.argv[1] == "zero3":
         main_zero3(sys.argv[2])
     else:

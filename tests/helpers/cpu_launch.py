@@ -2,7 +2,7 @@
 
     accelerate launch --config_file accelerate_configs/fsdp2.yaml --num_processes 2 --num_machines 1 \
         --main_process_port 29511 --mixed_precision no --dynamo_backend no \
-        tests/_cpu_launch.py examples/rpg_math.py ... --use_cpu true --bf16 false
+        tests/helpers/cpu_launch.py examples/rpg_math.py ... --use_cpu true --bf16 false
 
 In each launched process it applies the shims below, then runs the script with its own arguments as `__main__`, as
 `accelerate launch SCRIPT` would. With `RPG_LAUNCH_REPORT=DIR` set, each process also writes what it really ran

@@ -1,0 +1,175 @@
+"""Units of `rpg_trl/reliability/`, without a trainer: the generation state saved beside a checkpoint
+(`generation_state.py`), the reward guard (`reward_guard.py`) and the hold on the gloo process group at exit
+(`teardown.py`). The end-to-end guarantees they serve are in `tests/test_guarantees.py` and
+`tests/test_multiprocess.py` (docs/guarantees.md)."""
+
+import asyncio
+import logging
+import math
+import socket
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rpg_trl.reliability import RewardFunctionError, RewardGuard
+from rpg_trl.reliability.generation_state import load_generation_state, save_generation_state
+
+from helpers.tiny_runs import rpg_warnings
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ==================================================================================================== generation_state
+def _fake_trainer(step, world_size=2, process_index=1, steps_per_generation=3):
+    args = SimpleNamespace(
+        steps_per_generation=steps_per_generation,
+        world_size=world_size,
+        process_index=process_index,
+        gradient_accumulation_steps=1,
+    )
+    ids = torch.arange(6).view(2, 3)
+    buffer = [{"completion_ids": ids + i, "num_items_in_batch": torch.tensor(6)} for i in range(3)]
+    return SimpleNamespace(
+        args=args,
+        num_iterations=1,
+        _step=step,
+        _buffered_inputs=buffer,
+        accelerator=SimpleNamespace(device="cpu"),
+        state=SimpleNamespace(global_step=step),
+    )
+
+
+def test_each_process_saves_its_own_generation_state_and_a_mismatched_layout_falls_back(tmp_path, caplog):
+    save_generation_state(_fake_trainer(step=4), str(tmp_path))
+    assert [p.name for p in tmp_path.iterdir()] == ["rpg_generation_state_1.pt"]  # like rng_state_{rank}.pth
+    restored = _fake_trainer(step=0)
+    restored._buffered_inputs = None
+    assert load_generation_state(restored, str(tmp_path))
+    assert restored._step == 4
+    assert torch.equal(restored._buffered_inputs[2]["completion_ids"], torch.arange(6).view(2, 3) + 2)
+
+    other_layout = _fake_trainer(step=0, steps_per_generation=2)
+    other_layout._buffered_inputs = None
+    other_layout.state.global_step = 3
+    with caplog.at_level(logging.WARNING):
+        assert not load_generation_state(other_layout, str(tmp_path))
+    assert other_layout._buffered_inputs is None and other_layout._step == 0
+    assert any("(2, 3, 1), not (2, 2, 1)" in m for m in rpg_warnings(caplog))
+
+    save_generation_state(_fake_trainer(step=6, process_index=0), str(tmp_path))  # at a generation boundary
+    assert torch.load(tmp_path / "rpg_generation_state_0.pt", weights_only=True)["buffered_inputs"] is None
+
+
+# ==================================================================================================== reward_guard
+@pytest.mark.parametrize(
+    "output, match",
+    [
+        (["1.0"] * 4, r"'bad' returned '1\.0' \(str\) for sample 0 of 4"),
+        ([0.0, 1.0, [2.0], 0.0], r"'bad' returned \[2\.0\] \(list\) for sample 2"),
+        ([0.0, 1j, 0.0, 0.0], r"'bad' returned 1j \(complex\) for sample 1"),
+        ([1.0] * 3, r"'bad' returned 3 rewards for 4 completions"),
+        (1.0, r"'bad' returned float 1\.0; expected a list"),
+    ],
+    ids=["string", "list", "complex", "too-few", "scalar"],
+)
+def test_malformed_reward_outputs_are_refused_naming_function_and_sample(output, match):
+    guard = RewardGuard()
+    bad = guard.wrap(lambda **kwargs: output, "bad")
+    with pytest.raises(RewardFunctionError, match=match):
+        bad(prompts=["p"] * 4, completions=["c"] * 4, completion_ids=[[1]] * 4)
+
+
+def test_non_finite_reward_warnings_name_the_function_and_are_rate_limited(caplog):
+    guard = RewardGuard()
+    with caplog.at_level(logging.WARNING):
+        for _ in range(12):
+            guard.sanitize("flaky", [1.0, math.nan], {"prompts": ["p", "q"]})
+        guard.sanitize("other", [math.inf, 0.0], {"prompts": ["p", "q"]})
+    messages = [m for m in rpg_warnings(caplog) if "non-finite" in m]
+    assert len(messages) == 3  # 'flaky' at its 1st and 10th batch, 'other' at its 1st
+    assert "'flaky'" in messages[0] and "sample 1" in messages[0] and "batch #10" in messages[1]
+    assert "'other'" in messages[2] and "inf" in messages[2]
+
+
+def test_async_reward_functions_are_guarded_too():
+    async def slow_reward(prompts, completions, **kwargs):
+        if "boom" in completions:
+            raise KeyError("boom")
+        return [math.inf if c == "inf" else 1.0 for c in completions]
+
+    guarded = RewardGuard().wrap(slow_reward, "slow_reward")
+    assert asyncio.run(guarded(prompts=["p"] * 3, completions=["a", "inf", "b"])) == [1.0, None, 1.0]
+    with pytest.raises(RewardFunctionError, match=r"'slow_reward' raised KeyError.* on sample 2 of 3"):
+        asyncio.run(guarded(prompts=["p"] * 3, completions=["a", "b", "boom"]))
+
+
+def test_batch_level_reward_failures_say_so():
+    def needs_two(prompts, **kwargs):
+        if len(prompts) < 2:
+            return [0.0] * len(prompts)
+        raise RuntimeError("whole batch")
+
+    with pytest.raises(RewardFunctionError, match="did not fail, so the failure depends on the batch as a whole"):
+        RewardGuard().wrap(needs_two, "needs_two")(prompts=["a", "b"], completions=["x", "y"])
+
+
+_REWARD_VALUES = st.one_of(
+    st.none(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**40), 10**40),
+    st.booleans(),
+    st.floats(width=32).map(np.float32),
+    st.floats().map(lambda x: torch.tensor(x, dtype=torch.float64)),
+)
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(_REWARD_VALUES, min_size=1, max_size=12))
+def test_property_guarded_rewards_are_finite_float32_or_none(values):
+    rewards = RewardGuard().sanitize("f", values, {"prompts": ["p"] * len(values)})
+    assert len(rewards) == len(values)
+    for value, reward in zip(values, rewards):
+        assert reward is None or (isinstance(reward, float) and math.isfinite(reward) and abs(reward) <= 3.5e38)
+        if value is not None and reward is not None:
+            assert reward == float(value)
+    finite = [r for r in rewards if r is not None]
+    assert torch.tensor(finite, dtype=torch.float32).isfinite().all()  # none overflows float32
+
+
+# ==================================================================================================== teardown
+def test_hold_is_idempotent_and_the_group_is_destroyed_before_the_interpreter_exits():
+    ports = [_free_port(), _free_port()]
+    script = f"""
+import atexit
+import torch.distributed as dist
+from rpg_trl.reliability import teardown
+
+# Registered before teardown's own handler, so it runs after it (atexit is last in, first out).
+atexit.register(lambda: print("initialized after release:", dist.is_initialized()))
+assert not teardown.hold_process_group_until_exit()  # no process group: nothing to hold
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{ports[0]}", rank=0, world_size=1)
+assert teardown.hold_process_group_until_exit() and teardown.hold_process_group_until_exit()
+group = dist.group.WORLD
+assert len(teardown._HELD) == 1 and teardown._HELD[0] is group
+dist.destroy_process_group()  # Trainer.end(): the group object survives, held
+assert teardown._HELD[0] is group
+teardown.release_process_groups()
+assert teardown._HELD == [] and not dist.is_initialized()
+# A script that never destroys its group: the exit handler does.
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{ports[1]}", rank=0, world_size=1)
+assert teardown.hold_process_group_until_exit() and dist.is_initialized()
+print("done")
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == ["done", "initialized after release: False"], proc.stdout

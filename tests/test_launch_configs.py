@@ -466,8 +466,11 @@ FALLBACK_PROBE = textwrap.dedent("""
 
     def state(label, cpu):
         accelerator = Accelerator(cpu=cpu)
-        print(json.dumps({"label": label, "rank": accelerator.process_index, "processes": accelerator.num_processes,
-                          "type": accelerator.distributed_type.value}), flush=True)
+        entry = {"label": label, "rank": accelerator.process_index, "processes": accelerator.num_processes,
+                 "type": accelerator.distributed_type.value}
+        # One write per line (print may write the text and its newline apart): the two processes share the pipe.
+        sys.stdout.write(json.dumps(entry) + "\\n")
+        sys.stdout.flush()
         AcceleratorState._reset_state(reset_partial_state=True)
 
     state("no --use_cpu", cpu=False)

@@ -482,8 +482,8 @@ def kl_weights(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
             return weight
         if not spec.clip:
             return term.weight(ratios.w.detach(), ratios.r, ratios.log_w.detach(), ratios.log_r)
-        log_w = _clip_log(ratios.log_w, spec)
-        return term.weight(torch.exp(log_w), ratios.r, log_w, ratios.log_r)
+        w_bar = ratios.w.detach().clamp(1.0 - spec.epsilon_low, 1.0 + spec.epsilon_high)
+        return term.weight(w_bar, ratios.r, _clip_log(ratios.log_w, spec), ratios.log_r)
 
 
 def token_kl(ratios: RatioTensors, divergence: str | RPGLossSpec, kl_importance_weight: bool = True) -> torch.Tensor:

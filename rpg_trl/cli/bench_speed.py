@@ -198,7 +198,7 @@ def _loss_only(opts) -> dict:
         report_to="none",
         use_cpu=device.type != "cuda",
     )
-    results = {}
+    trainers, holders = {}, {}
     for name, trainer_cls, config_cls, extra in (
         ("grpo", GRPOTrainer, GRPOConfig, {}),
         ("rpg", RPGTrainer, RPGConfig, {"kl_anchor": "reference"}),
@@ -211,15 +211,18 @@ def _loss_only(opts) -> dict:
             processing_class=tokenizer,
         )
         trainer.current_gradient_accumulation_steps = 1
-        holder = {}
+        holder = holders[name] = {}
 
         def fake_forward(*args, _holder=holder, **kwargs):
             return _holder["logps"], entropies, None
 
         trainer._get_per_token_logps_and_entropies = fake_forward
-        times = []
-        for i in range(opts.loss_warmup + opts.loss_repeats):
-            holder["logps"] = logps_value.clone().requires_grad_(True)
+        trainers[name] = trainer
+    # The two losses alternate, repeat after repeat, so that drift (frequency, caches, other jobs) hits both alike.
+    times = {name: [] for name in trainers}
+    for i in range(opts.loss_warmup + opts.loss_repeats):
+        for name, trainer in trainers.items():
+            holders[name]["logps"] = logps_value.clone().requires_grad_(True)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -228,9 +231,8 @@ def _loss_only(opts) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             if i >= opts.loss_warmup:
-                times.append(time.perf_counter() - start)
-        results[name] = statistics.median(times)
-        del trainer
+                times[name].append(time.perf_counter() - start)
+    results = {name: statistics.median(t) for name, t in times.items()}
     return {"grpo_loss_s": results["grpo"], "rpg_loss_s": results["rpg"], "ratio": results["rpg"] / results["grpo"]}
 
 
@@ -369,8 +371,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--loss-batch", type=int, default=64, help="B of the loss-only benchmark (c)")
     parser.add_argument("--loss-length", type=int, default=4096, help="T of the loss-only benchmark (c)")
-    parser.add_argument("--loss-repeats", type=int, default=10)
-    parser.add_argument("--loss-warmup", type=int, default=2)
+    parser.add_argument("--loss-repeats", type=int, default=30, help="timed repeats of each loss (alternating)")
+    parser.add_argument("--loss-warmup", type=int, default=3)
     parser.add_argument(
         "--num-threads", type=int, default=None, help="torch CPU threads per process (default: torch's own choice)"
     )

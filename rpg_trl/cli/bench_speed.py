@@ -270,21 +270,23 @@ def _mib(n: float) -> str:
 
 
 def environment(device: str) -> dict:
-    """Where and when the numbers were measured: device name, versions, UTC date."""
-    import platform
-    from datetime import datetime, timezone
-
+    """Where and when the numbers were measured: device name, versions, UTC date, and the machine as every command
+    records it ([`rpg_trl.cli.machine`]: the CPU model, the ATen kernels, the torch threads, the package versions)."""
     import torch
     import trl
 
+    from . import machine
+
+    host = machine()
     cuda = device == "cuda" and torch.cuda.is_available()
     return {
-        "device_name": torch.cuda.get_device_name() if cuda else (platform.processor() or platform.machine()),
+        "device_name": torch.cuda.get_device_name() if cuda else host["cpu"],
         "torch": torch.__version__,
         "cuda": torch.version.cuda if cuda else None,
         "trl": trl.__version__,
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpu_capability": host["cpu_capability"],
+        "date_utc": host["date_utc"],
+        "machine": host,
     }
 
 

@@ -35,7 +35,7 @@ from rpg_trl.dynamic_sampling import (
 )
 from rpg_trl.toy import build_char_tokenizer
 
-from helpers.tiny_runs import PROMPTS, tiny_run_args
+from helpers.tiny_runs import PROMPTS, sevens_unless_even, tiny_run_args
 
 
 NAN = float("nan")
@@ -339,11 +339,6 @@ def test_loop_needs_no_extra_round_when_every_group_has_signal():
 
 
 # -------------------------------------------------------------------------------------------------------- end to end
-
-
-def sevens_unless_even(completions, prompts, **kwargs):
-    """Constant (zero-variance) reward for prompts starting with an even digit, the count of '7's otherwise."""
-    return [0.0 if int(p[0]) % 2 == 0 else c.count("7") / 8 for p, c in zip(prompts, completions)]
 
 
 class RecordingRPGTrainer(RPGTrainer):

@@ -19,12 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script:
 from rpg_trl import RPGConfig, RPGTrainer  # noqa: E402
 from rpg_trl.toy import build_char_tokenizer  # noqa: E402
 
-from helpers.tiny_runs import PROMPTS, tiny_run_args  # noqa: E402
-
-
-def sevens_unless_even(completions, prompts, **kwargs):
-    """Constant (zero-variance) reward for prompts starting with an even digit, the count of '7's otherwise."""
-    return [0.0 if int(p[0]) % 2 == 0 else c.count("7") / 8 for p, c in zip(prompts, completions)]
+from helpers.tiny_runs import PROMPTS, sevens_unless_even, tiny_run_args  # noqa: E402
 
 
 class RecordingRPGTrainer(RPGTrainer):

@@ -73,6 +73,12 @@ def count_sevens(completions, **kwargs):
     return [c.count("7") / 8 for c in completions]
 
 
+def sevens_unless_even(completions, prompts, **kwargs):
+    """Constant (zero-variance) reward for prompts starting with an even digit, the count of '7's otherwise: the groups
+    of even prompts have no signal (dynamic sampling drops them)."""
+    return [0.0 if int(p[0]) % 2 == 0 else c.count("7") / 8 for p, c in zip(prompts, completions)]
+
+
 def make_trainer(model_dir, tmp_path, trainer_cls=None, config_cls=None, reward=count_sevens, **overrides):
     """A trainer (`RPGTrainer` by default, or e.g. TRL's `GRPOTrainer` with `GRPOConfig`) of a [`tiny_run_args`] run
     on the tiny model in `model_dir`, with the [`PROMPTS`] and the character tokenizer."""

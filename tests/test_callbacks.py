@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import types
@@ -24,6 +23,7 @@ from rpg_trl.ref_sync.trigger import SyncTrigger
 from rpg_trl.ref_sync.weights import REF_ADAPTER, REFERENCE_FILE, gather_reference, mix_parameters, restore_reference
 from rpg_trl.toy import build_char_tokenizer
 
+from helpers.ports import free_port
 from helpers.sync_two_proc import AllocatedBytes
 from helpers.tiny_runs import PROMPTS, quiet_cpu_args
 
@@ -529,16 +529,12 @@ def test_resume_after_sync_continues_like_an_uninterrupted_run(tiny_model_dir, t
 
 
 # ------------------------------------------------------------------------------------------------ two processes
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_processes_sync_alike_save_on_the_main_process_only_and_resume_on_both(tiny_model_dir, tmp_path):
     # torchrun, the launcher `accelerate launch --multi_gpu` wraps; accelerate then joins a gloo group on CPU.
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
         TWO_PROC_SCRIPT, tiny_model_dir, str(tmp_path),
     ]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -578,7 +574,7 @@ def test_two_processes_sync_alike_save_on_the_main_process_only_and_resume_on_bo
 def test_real_zero3_sync_gathers_one_pair_and_saves_on_rank_0(tmp_path):
     # DeepSpeed's CPU accelerator over gloo: the weight functions under real ZeRO-3 partitioning.
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()),
+        sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
         TWO_PROC_SCRIPT, "zero3", str(tmp_path),
     ]  # fmt: skip
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}

@@ -6,7 +6,6 @@ import ast
 import glob
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from rpg_trl import RPGConfig  # noqa: E402
 
 import eval_math  # noqa: E402
 import rpg_math  # noqa: E402
+from helpers.ports import free_port  # noqa: E402
 
 
 ENV = {
@@ -88,12 +88,6 @@ def _train_args(assets, output_dir, *extra):
 def _logged(stdout):
     """The metric dicts the trainer printed."""
     return [ast.literal_eval(line) for line in stdout.splitlines() if line.startswith("{'")]
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch(launcher_args, script_args, cwd):
@@ -181,7 +175,7 @@ def test_rpg_math_two_processes(assets):
         "differentiable",
     )
     result = _launch(
-        ["--multi_gpu", "--num_processes", "2", "--main_process_port", str(_free_port())], args, cwd=assets["root"]
+        ["--multi_gpu", "--num_processes", "2", "--main_process_port", str(free_port())], args, cwd=assets["root"]
     )
     assert "RPG-UFKL" in result.stdout and "with 2 process(es)" in result.stdout
     logs = _logged(result.stdout)

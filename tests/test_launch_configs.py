@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -27,6 +26,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from helpers.ports import free_port
 from helpers.tiny_runs import assert_close_in_norm, save_math_assets
 
 
@@ -77,10 +77,6 @@ LORA = ["--use_peft", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modul
 
 
 # ------------------------------------------------------------------------------------------------------------ launching
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Run:
@@ -110,7 +106,7 @@ def _launch(assets, name, config, script_args, machines=1) -> Run:
     """`accelerate launch --config_file accelerate_configs/<config> ... examples/rpg_math.py` with 2 CPU processes: one
     launcher for 1 machine, or one launcher per machine of 1 process each (`--machine_rank`) on 127.0.0.1."""
     output_dir = assets["root"] / name
-    port = str(_free_port())
+    port = str(free_port())
     env = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -487,7 +483,7 @@ def test_the_two_silent_fallbacks_and_the_fsdp_shim(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(FALLBACK_PROBE)
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "fsdp2.yaml")]
-    command += ["--num_processes", "2", "--num_machines", "1", "--main_process_port", str(_free_port())]
+    command += ["--num_processes", "2", "--num_machines", "1", "--main_process_port", str(free_port())]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no", str(script), str(ROOT / "tests")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)

@@ -10,7 +10,6 @@ relative.
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ import torch
 from rpg_trl.losses import AGGREGATIONS
 
 from helpers import mp_worker
+from helpers.ports import free_port
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,12 +44,6 @@ REDUCED_METRICS = (
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_process_runs(tiny_model_dir, tmp_path_factory):
     """Results of the two-process runs, one launch for every aggregation."""
@@ -57,7 +51,7 @@ def two_process_runs(tiny_model_dir, tmp_path_factory):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(_free_port()), str(WORKER), tiny_model_dir, str(out)]
+    cmd += ["--master_port", str(free_port()), str(WORKER), tiny_model_dir, str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return {agg: torch.load(out / f"{agg}.pt", weights_only=False) for agg in AGGREGATIONS}
@@ -128,7 +122,7 @@ def test_gloo_runs_exit_cleanly(tmp_path):
     failures = []
     for run in range(8):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-        cmd += ["--master_port", str(_free_port()), str(worker), "hold"]
+        cmd += ["--master_port", str(free_port()), str(worker), "hold"]
         returncode, stderr = _run_two_processes(cmd, env, tmp_path, timeout=60)
         if returncode != 0:
             failures.append(

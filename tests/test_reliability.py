@@ -6,7 +6,6 @@
 import asyncio
 import logging
 import math
-import socket
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -20,13 +19,8 @@ from hypothesis import strategies as st
 from rpg_trl.reliability import RewardFunctionError, RewardGuard
 from rpg_trl.reliability.generation_state import load_generation_state, save_generation_state
 
+from helpers.ports import free_port
 from helpers.tiny_runs import rpg_warnings
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ==================================================================================================== generation_state
@@ -148,7 +142,7 @@ def test_property_guarded_rewards_are_finite_float32_or_none(values):
 
 # ==================================================================================================== teardown
 def test_hold_is_idempotent_and_the_group_is_destroyed_before_the_interpreter_exits():
-    ports = [_free_port(), _free_port()]
+    ports = [free_port(), free_port()]
     script = f"""
 import atexit
 import torch.distributed as dist

@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from .ports import free_port
 
 
 TESTS_DIR = Path(__file__).resolve().parents[1]
@@ -73,12 +74,6 @@ def vllm_cpu_env(tmpdir: Path, **extra) -> dict:
     )
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class VLLMServer:

@@ -1,51 +1,39 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-r"""The ``rpg-trl bench-algos`` command: the paper's Table 3 in miniature, on the demo's task.
+r"""The ``rpg-trl bench-algos`` command: the paper's comparison in miniature, on a protocol fixed before the runs.
 
-Eight algorithms train the same warm-started model (one supervised warm start per seed, shared by all of them, see
-[`rpg_trl.toy.warm_start`]) with the same budget: the same prompts, batch (16 prompts × 8 samples per optimizer step, four
-optimizer steps per generation batch), optimizer, learning rate and number of steps.
+Two tables, on the demo's task (two-digit additions from a supervised warm start, [`rpg_trl.toy`]):
 
-============================  ==========================================================================================
-method                        configuration
-============================  ==========================================================================================
-GRPO                          TRL `GRPOTrainer`, `loss_type="grpo"`, clip ε = 0.2 (both sides), std-scaled group
-                              advantages, k3 KL to the initial policy with β = 1e-4 without the importance weight
-                              (`use_bias_correction_kl=False`: GRPO as the paper ran it, verl's k3 KL loss)
-DAPO                          TRL `GRPOTrainer`, `loss_type="dapo"` (token-mean), clip-higher ε = (0.2, 0.28),
-                              std-scaled group advantages, no KL
-RPG-UFKL / RPG-URKL           `RPGTrainer`, `estimator="differentiable"`, `divergence="ufkl"` / `"urkl"`
-RPG-REINFORCE-UFKL / -URKL    `RPGTrainer`, `estimator="reinforce"`, `divergence="ufkl"` / `"urkl"`
-REINFORCE++ / -Baseline       [`~rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer`] (Hu, 2025; the paper's Tables 5 and 6):
-                              TRL's token-mean loss, clip ε = 0.2 (both sides), β·k1 to the initial policy in the token
-                              rewards with β = 1e-4, the return (minus the group mean for -Baseline) whitened over the
-                              batch's tokens
-============================  ==========================================================================================
+1. **Algorithms** ([`ALGORITHMS`]): GRPO, DAPO, REINFORCE++(-Baseline) and four RPG variants, in the paper's
+   off-policy regime (``steps_per_generation=16``: every generation batch serves 16 optimizer steps, as the paper's
+   512 prompts in mini-batches of 32, Sec. 5) and at 4 steps per generation. For each method and regime the learning
+   rate is the best of a grid by the mean held-out accuracy on *selection* seeds, which are not reported; the final
+   runs use fresh seeds, consecutive from a stated start, paired across methods (one warm start per seed, shared).
+2. **KL** ([`rpg_trl.cli.bench_kl`]): the same warm starts trained on a proxy reward with an exploitable flaw
+   ([`rpg_trl.toy.proxy`]) with the KL to the warm start at a β large enough to act, held-out score the true reward:
+   RPG's corrected KL per token and over whole completions (reverse and forward families), GRPO's uncorrected k3
+   and no KL.
 
-RPG runs use [`RPGConfig`]'s paper defaults: advantage = reward − group mean, β = 1e-4, RPG-Style Clip with
-ε = (0.2, 0.28) and c = 10, KL anchored to the sampling policy. (The paper's GRPO uses ε = 0.2 in Sec. 5 and
-ε = 0.1 in Appendix H; this benchmark follows Sec. 5 and TRL's default. Dynamic sampling and overlong shaping, which
-the paper applies to every method, do not apply to this task.)
+Reported per method (over the final seeds): Last, Best and Gain over the warm start (held-out accuracy), stability
+(largest fall of the training reward, runs that collapse, entropy at the end), each as a mean with its 95 % Student-t
+interval, and the paired difference to GRPO with its interval ([`rpg_trl.cli.protocol`]). A run **collapses** when it
+ends more than [`COLLAPSE_ACCURACY_DROP`] below its warm start or its training reward falls by more than
+[`COLLAPSE_REWARD_DROP`] below its running maximum (moving average over 5 generation batches).
 
-Reported per method, over seeds (mean ± sample standard deviation):
-
-- **Last**: held-out accuracy (sampled mean@4 at temperature 1, as in the demo) after the last step;
-- **Gain**: Last minus the warm start's accuracy, in points (the seeds' warm starts differ, so the spread of the
-  gain is smaller than that of Last);
-- **Best**: the best held-out accuracy among the evaluations during training (every ``eval_every`` steps);
-- **Max reward drop**: stability, the largest fall of the training reward curve (moving average over 5 generation
-  batches) below its running maximum, in accuracy points; 0 for a reward that never decreases.
-
-Outputs in ``--output_dir``: ``table.md``, ``results.json``, ``bench_algos.png`` and, per seed, the warm start
-(``seed<k>/sft``) and each run's trainer state (``seed<k>/<method>``, readable by ``rpg-trl plot``).
+Runs are independent jobs spread over ``--num_workers`` processes of one torch thread each (the numbers do not depend
+on the number of workers), and each run stores its result in its folder: a command interrupted and started again
+runs only what is missing. Outputs in ``--output_dir``: ``table.md``, ``results.json``, ``bench_algos.png``,
+``bench_kl.png``, the warm starts (``warm_starts/seed<k>``) and each run's trainer state.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .warm_start_bench import WarmStartBenchArguments, bench_presets, output_dir_field
+from . import apply_preset, check_arguments, dataclass_arguments, machine, print_report
+from .warm_start_bench import WARM_START_PRESETS, add_bench_parser, chosen, output_dir_field
 
 
 #: Algorithm name -> (trainer, configuration overrides). "grpo" runs TRL's GRPOTrainer, "rpg" runs RPGTrainer, "rfpp"
@@ -79,197 +67,561 @@ ALGORITHMS = {
         {"advantage_estimator": "reinforce_plus_plus_baseline", "epsilon": 0.2, "epsilon_high": 0.2, "beta": 1e-4},
     ),
 }
-#: Full and ``--quick`` presets of the options left unset on the command line (those of the warm start and the
-#: held-out set: [`~rpg_trl.cli.warm_start_bench.WARM_START_PRESETS`]).
-PRESETS = bench_presets(
-    full={"seeds": [0, 1, 2], "steps": 150, "eval_every": 50},
-    quick={"steps": 8, "sft_steps": 100, "eval_every": 4, "eval_problems": 64},
-)
+#: The method every other is compared with, seed by seed.
+BASELINE = "GRPO"
+#: The tables the command can run.
+TABLES = ("algorithms", "kl")
+#: Collapse: the run ends this far below its warm start (held-out accuracy), or its training reward (moving average)
+#: falls this far below its running maximum.
+COLLAPSE_ACCURACY_DROP = 0.05
+COLLAPSE_REWARD_DROP = 0.20
+
+#: The protocol (full) and the smoke test (``--quick``): the values of the options left unset.
+PRESETS = {
+    "full": {
+        **{k: v for k, v in WARM_START_PRESETS["full"].items() if k != "seeds"},
+        "regimes": [16, 4],
+        "learning_rates": [1.5e-4, 3e-4, 6e-4, 1.2e-3],
+        "selection_seeds": [100, 101],
+        "final_seed_start": 1000,
+        "num_final_seeds": 5,
+        "steps": 128,
+        "eval_every": 32,
+        "algorithms": list(ALGORITHMS),
+        "kl_arms": None,  # all of rpg_trl.cli.bench_kl.KL_ARMS
+        "kl_betas": [0.05, 0.1, 0.2],
+    },
+    "quick": {
+        **{k: v for k, v in WARM_START_PRESETS["quick"].items() if k != "seeds"},
+        "sft_steps": 100,
+        "eval_problems": 64,
+        "regimes": [16],
+        "learning_rates": [6e-4, 1.2e-3],
+        "selection_seeds": [100],
+        "final_seed_start": 1000,
+        "num_final_seeds": 2,
+        "steps": 8,
+        "eval_every": 4,
+        "algorithms": [BASELINE, "RPG-REINFORCE-URKL"],
+        "kl_arms": ["no KL", "RPG-URKL, token"],
+        "kl_betas": [0.1],
+    },
+}
 
 
 @dataclass
-class BenchAlgosArguments(WarmStartBenchArguments):
-    """Arguments of ``rpg-trl bench-algos``: the warm-start benchmarks' and the algorithms to run. Unset options take
-    the full or the ``--quick`` preset ([`PRESETS`])."""
+class BenchAlgosArguments:
+    """Arguments of ``rpg-trl bench-algos``. Unset options take the protocol's value, or with ``--quick`` the smoke
+    test's ([`PRESETS`])."""
 
-    output_dir: str = output_dir_field("runs/bench_algos")
-    algorithms: list[str] | None = field(
-        default=None, metadata={"help": f"Methods to run, a subset of {list(ALGORITHMS)}. Default: all."}
-    )
-    quick: bool = field(
-        default=False, metadata={"help": "One seed, a short warm start and a few steps: a smoke test (~1 minute)."}
-    )
     presets = PRESETS
 
+    output_dir: str = output_dir_field("runs/bench_algos")
+    tables: list[str] = field(default_factory=lambda: list(TABLES), metadata={"help": f"Tables to run: {TABLES}."})
+    regimes: list[int] | None = field(
+        default=None, metadata={"help": "Optimizer steps per generation batch (`steps_per_generation`), one row each."}
+    )
+    learning_rates: list[float] | None = field(
+        default=None,
+        metadata={"help": "Learning-rate grid searched for each method and regime on the selection seeds."},
+    )
+    selection_seeds: list[int] | None = field(
+        default=None, metadata={"help": "Seeds that choose the learning rates (not reported)."}
+    )
+    final_seed_start: int | None = field(
+        default=None, metadata={"help": "First final seed; the final seeds are consecutive from it."}
+    )
+    num_final_seeds: int | None = field(default=None, metadata={"help": "Number of final (reported) seeds."})
+    algorithms: list[str] | None = field(
+        default=None, metadata={"help": f"Methods of the algorithms table, among {list(ALGORITHMS)}."}
+    )
+    kl_arms: list[str] | None = field(
+        default=None, metadata={"help": "Arms of the KL table (see rpg_trl.cli.bench_kl.KL_ARMS). Default: all."}
+    )
+    kl_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of every run of the KL table."})
+    kl_betas: list[float] | None = field(
+        default=None,
+        metadata={"help": "Grid of the KL table's β (one for every regularised arm), chosen on the selection seeds."},
+    )
+    steps: int | None = field(default=None, metadata={"help": "Optimizer steps per run."})
+    sft_steps: int | None = field(default=None, metadata={"help": "Warm-start steps per seed."})
+    sft_extra_rounds: int | None = field(
+        default=None,
+        metadata={"help": "Extra warm-start rounds while the model cannot add yet (see `rpg-trl demo`)."},
+    )
+    eval_every: int | None = field(default=None, metadata={"help": "Held-out evaluation every this many steps."})
+    eval_problems: int | None = field(default=None, metadata={"help": "Number of held-out problems."})
+    eval_samples: int = field(default=4, metadata={"help": "Completions per held-out problem (mean@k)."})
+    num_workers: int = field(default=2, metadata={"help": "Runs trained at once, each in its own process."})
+    num_threads: int = field(default=1, metadata={"help": "Torch CPU threads per run."})
+    quick: bool = field(
+        default=False,
+        metadata={"help": "A smoke test of the whole protocol: few seeds, methods and steps (~1-2 minutes)."},
+    )
+
     def __post_init__(self):
-        from .warm_start_bench import chosen
+        from .bench_kl import KL_ARMS
 
-        super().__post_init__()
+        apply_preset(self, self.presets, self.quick)
+        check_arguments(
+            self,
+            at_least_one=(
+                "steps",
+                "eval_every",
+                "eval_problems",
+                "eval_samples",
+                "num_workers",
+                "num_threads",
+                "num_final_seeds",
+            ),
+            at_least_zero=("sft_steps", "sft_extra_rounds", "final_seed_start"),
+            positive=("kl_learning_rate",),
+        )
+        self.tables = chosen(self.tables, dict.fromkeys(TABLES), list(TABLES), "table")
         self.algorithms = chosen(self.algorithms, ALGORITHMS, list(ALGORITHMS), "algorithm")
+        self.kl_arms = chosen(self.kl_arms, KL_ARMS, list(KL_ARMS), "KL arm")
+        if "algorithms" in self.tables and BASELINE not in self.algorithms:
+            raise ValueError(f"`algorithms` must include {BASELINE!r}, the baseline of the paired differences.")
+        if not self.regimes or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in self.regimes):
+            raise ValueError(f"`regimes` must list integers >= 1 (steps per generation); got {self.regimes!r}.")
+        if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
+            raise ValueError(f"`learning_rates` must list positive numbers; got {self.learning_rates!r}.")
+        if not self.selection_seeds:
+            raise ValueError("`selection_seeds` must list at least one seed.")
+        if not self.kl_betas or any(not beta > 0 for beta in self.kl_betas):
+            raise ValueError(f"`kl_betas` must list positive numbers; got {self.kl_betas!r}.")
+        overlap = sorted(set(self.selection_seeds) & set(self.final_seeds))
+        if overlap:
+            raise ValueError(
+                f"The final seeds {self.final_seeds} must be fresh: {overlap} also choose the learning rates "
+                "(`selection_seeds`). Move `final_seed_start`."
+            )
 
-    def arms(self) -> list[dict]:
-        return [{"algorithm": algorithm} for algorithm in self.algorithms]
+    @property
+    def final_seeds(self) -> list[int]:
+        """The reported seeds: `num_final_seeds` consecutive seeds from `final_seed_start` (never chosen by hand)."""
+        return list(range(self.final_seed_start, self.final_seed_start + self.num_final_seeds))
 
 
-def _config(kind: str, output_dir: str, args: BenchAlgosArguments, seed: int, overrides: dict):
-    from trl import GRPOConfig
-
-    from ..config import RPGConfig
-    from ..reinforce_plus_plus import ReinforcePlusPlusConfig
-    from ..toy.training import rl_training_kwargs
-
-    kwargs = rl_training_kwargs(steps=args.steps, seed=seed, learning_rate=args.learning_rate)
-    config_class = {"rpg": RPGConfig, "grpo": GRPOConfig, "rfpp": ReinforcePlusPlusConfig}[kind]
-    return config_class(output_dir=output_dir, **kwargs, **overrides)
+# ----------------------------------------------------------------------------------------------------------------------
+# one run (in a worker process)
+# ----------------------------------------------------------------------------------------------------------------------
 
 
-def run_one(args: BenchAlgosArguments, algorithm: str, seed: int, splits, sft_dir: str, run_dir: Path) -> dict:
-    """Train `algorithm` from the warm start in `sft_dir` and return its held-out accuracy curve and reward."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
+def warm_start_job(spec: dict, run_dir: str) -> dict:
+    """The warm start of `spec["seed"]` in `run_dir` (cached there by [`rpg_trl.toy.warm_start.cached_warm_start`])."""
+    from ..toy.addition import make_splits
+    from ..toy.warm_start import cached_warm_start
 
-    from ..reinforce_plus_plus import ReinforcePlusPlusTrainer
-    from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed
+    splits = make_splits(spec["seed"], num_eval=spec["eval_problems"])
+    return cached_warm_start(
+        splits, run_dir, steps=spec["sft_steps"], seed=spec["seed"], extra_rounds=spec["sft_extra_rounds"]
+    )
+
+
+def run_summary(history: list[dict], curve: list[dict], seconds: float, regime: int) -> dict:
+    """
+    The numbers of one run from its `log_history` and held-out `curve`: [`heldout_summary`]'s (Last, Gain, Best,
+    largest reward drop), whether it collapsed, the entropy at the end (mean over the last generation batch's steps)
+    and the means over training of the logged KL, clipped fraction and importance-weight extremes (None where the
+    trainer does not log them).
+    """
     from ..toy.curves import metric_series
-    from ..toy.evaluation import heldout_accuracy_callback
-    from ..toy.training import use_terse_progress
-    from ..trainer import RPGTrainer
     from .warm_start_bench import heldout_summary
 
-    kind, overrides = ALGORITHMS[algorithm]
-    model = AutoModelForCausalLM.from_pretrained(sft_dir)
-    tokenizer = AutoTokenizer.from_pretrained(sft_dir)
-    accuracy = heldout_accuracy_callback(
-        model, tokenizer, splits.eval, every=args.eval_every, num_samples=args.eval_samples, seed=evaluation_seed(seed)
+    _, rewards = metric_series(history, "reward")
+
+    def mean_of(key: str, last: int | None = None) -> float | None:
+        values = metric_series(history, key)[1]
+        values = values[-last:] if last else values
+        return statistics.fmean(values) if values else None
+
+    summary = heldout_summary(
+        curve,
+        rewards,
+        seconds,
+        entropy_end=mean_of("entropy", last=regime),
+        kl=mean_of("kl"),
+        clip_region=mean_of("clip_ratio/region_mean"),
+        importance_weight_max=mean_of("importance_weight/max"),
+        importance_weight_min=mean_of("importance_weight/min"),
     )
+    summary["collapsed"] = (
+        summary["last"] < summary["initial"] - COLLAPSE_ACCURACY_DROP
+        or summary["max_reward_drop"] > COLLAPSE_REWARD_DROP
+    )
+    return summary
+
+
+def quiet(trainer) -> None:
+    """No per-run progress bar nor printed log lines (runs share the terminal; the command counts them)."""
+    from transformers import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+
+
+def algorithm_job(spec: dict, run_dir: str) -> dict:
+    """Train `spec["algorithm"]` from the warm start `spec["sft_dir"]` and return its [`run_summary`]."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ..config import RPGConfig
+    from ..reinforce_plus_plus import ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
+    from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed, make_splits
+    from ..toy.evaluation import heldout_accuracy_callback
+    from ..toy.training import rl_training_kwargs
+    from ..trainer import RPGTrainer
+
+    kind, overrides = ALGORITHMS[spec["algorithm"]]
+    seed = spec["seed"]
+    splits = make_splits(seed, num_eval=spec["eval_problems"])
+    model = AutoModelForCausalLM.from_pretrained(spec["sft_dir"])
+    tokenizer = AutoTokenizer.from_pretrained(spec["sft_dir"])
+    accuracy = heldout_accuracy_callback(
+        model,
+        tokenizer,
+        splits.eval,
+        every=spec["eval_every"],
+        num_samples=spec["eval_samples"],
+        seed=evaluation_seed(seed),
+    )
+    kwargs = rl_training_kwargs(steps=spec["steps"], seed=seed, learning_rate=spec["learning_rate"])
+    kwargs.update(steps_per_generation=spec["regime"], disable_tqdm=True)
+    config_class = {"rpg": RPGConfig, "grpo": GRPOConfig, "rfpp": ReinforcePlusPlusConfig}[kind]
     trainer_class = {"rpg": RPGTrainer, "grpo": GRPOTrainer, "rfpp": ReinforcePlusPlusTrainer}[kind]
     trainer = trainer_class(
         model=model,
         reward_funcs=addition_reward,
-        args=_config(kind, str(run_dir), args, seed, overrides),
+        args=config_class(output_dir=run_dir, **kwargs, **overrides),
         train_dataset=build_rl_dataset(splits.rl),
         processing_class=tokenizer,
         callbacks=[accuracy],
     )
-    use_terse_progress(trainer)
+    quiet(trainer)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
     trainer.save_state()
-    _, rewards = metric_series(trainer.state.log_history, "reward")
-    return {"algorithm": algorithm, "seed": seed, **heldout_summary(accuracy.curve, rewards, seconds)}
+    return run_summary(trainer.state.log_history, accuracy.curve, seconds, spec["regime"])
 
 
-#: Columns of the table: mean and standard deviation over seeds of each algorithm's Last, gain, Best, max reward drop
-#: and time.
-TABLE_KEYS = ("last", "gain", "best", "max_reward_drop", "seconds")
+# ----------------------------------------------------------------------------------------------------------------------
+# the protocol
+# ----------------------------------------------------------------------------------------------------------------------
 
 
-def format_table(rows: list[dict], initial: float, args: BenchAlgosArguments) -> str:
-    """Markdown table of the rows of [`aggregate_over_seeds`] (over [`TABLE_KEYS`]), best Last/Best in bold."""
+def _lr_name(learning_rate: float) -> str:
+    return f"lr{learning_rate:.2e}"
+
+
+def warm_starts(args: BenchAlgosArguments, seeds: list[int], pool) -> dict[int, str]:
+    """Train (or reuse) the warm start of each seed, in parallel; return seed -> its folder."""
+    from .protocol import run_jobs
+
+    root = Path(args.output_dir) / "warm_starts"
+    jobs = [
+        (
+            {
+                "seed": seed,
+                "sft_steps": args.sft_steps,
+                "sft_extra_rounds": args.sft_extra_rounds,
+                "eval_problems": args.eval_problems,
+            },
+            str(root / f"seed{seed}"),
+        )
+        for seed in seeds
+    ]
+    run_jobs(jobs, warm_start_job, pool=pool, num_threads=args.num_threads, desc="warm starts")
+    return {spec["seed"]: run_dir for spec, run_dir in jobs}
+
+
+def _algorithm_spec(args, sft_dirs, algorithm, regime, learning_rate, seed) -> dict:
+    return {
+        "algorithm": algorithm,
+        "regime": regime,
+        "learning_rate": learning_rate,
+        "seed": seed,
+        "sft_dir": sft_dirs[seed],
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "eval_problems": args.eval_problems,
+        "eval_samples": args.eval_samples,
+    }
+
+
+def _describe(spec: dict, result: dict) -> str:
+    what = spec.get("algorithm") or spec.get("arm")
+    where = f"spg {spec['regime']}, " if "regime" in spec else ""
+    return (
+        f"[{where}lr {spec['learning_rate']:.2e}, seed {spec['seed']}] {what}: held-out {result['initial']:.3f} -> "
+        f"{result['last']:.3f} (best {result['best']:.3f}) in {result['seconds']:.0f} s"
+    )
+
+
+def run_algorithms_table(args: BenchAlgosArguments, sft_dirs: dict[int, str], pool) -> dict:
+    """
+    The algorithms table: every (regime, method, learning rate) on the selection seeds, the rule
+    ([`rpg_trl.cli.protocol.select_best`]: highest mean Last) per (regime, method), then every (regime, method) at
+    its chosen rate on the final seeds. Returns the selection grid, the choices and the final runs.
+    """
+    from .protocol import run_jobs, select_best
+
+    root = Path(args.output_dir) / "algorithms"
+
+    def jobs_for(seeds, rates_of):
+        jobs = []
+        for regime in args.regimes:
+            for algorithm in args.algorithms:
+                for learning_rate in rates_of(regime, algorithm):
+                    for seed in seeds:
+                        spec = _algorithm_spec(args, sft_dirs, algorithm, regime, learning_rate, seed)
+                        run_dir = root / f"spg{regime}" / algorithm / _lr_name(learning_rate) / f"seed{seed}"
+                        jobs.append((spec, str(run_dir)))
+        return jobs
+
+    common = {"pool": pool, "num_threads": args.num_threads, "describe": _describe}
+    selection_jobs = jobs_for(args.selection_seeds, lambda regime, algorithm: args.learning_rates)
+    selection = run_jobs(selection_jobs, algorithm_job, desc="algorithms: selection runs", **common)
+    grid: dict[tuple, dict[float, list[float]]] = {}
+    for (spec, _), result in zip(selection_jobs, selection):
+        key = (spec["regime"], spec["algorithm"])
+        grid.setdefault(key, {}).setdefault(spec["learning_rate"], []).append(result["last"])
+    chosen_rates = {key: select_best(scores) for key, scores in grid.items()}
+    final_jobs = jobs_for(args.final_seeds, lambda regime, algorithm: [chosen_rates[(regime, algorithm)]])
+    final = run_jobs(final_jobs, algorithm_job, desc="algorithms: final runs", **common)
+    runs = [{**spec, **result, "run_dir": run_dir} for (spec, run_dir), result in zip(final_jobs, final)]
+    return {
+        "selection": [
+            {"regime": regime, "algorithm": algorithm, "learning_rate": lr, "selection_last": scores}
+            for (regime, algorithm), by_rate in grid.items()
+            for lr, scores in sorted(by_rate.items())
+        ],
+        "chosen_learning_rates": [
+            {"regime": regime, "algorithm": algorithm, "learning_rate": lr}
+            for (regime, algorithm), lr in chosen_rates.items()
+        ],
+        "runs": runs,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# tables and figure
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def summarize(runs: list[dict], group_key: str, baseline: str | None) -> list[dict]:
+    """
+    One row per value of `group_key` among `runs` (in order of appearance): mean and 95 % interval of Last, Best, Gain,
+    largest reward drop and end entropy, the number of collapsed runs, the means of the diagnostics, and, when
+    `baseline` ran, the paired difference of Last and of Best to it.
+    """
+    from .protocol import mean_interval, paired_difference
+
+    names = list(dict.fromkeys(run[group_key] for run in runs))
+    by_name = {name: [run for run in runs if run[group_key] == name] for name in names}
+    rows = []
+    for name, group in by_name.items():
+        row = {group_key: name, "seeds": [run["seed"] for run in group], "learning_rate": group[0]["learning_rate"]}
+        for key in ("last", "best", "gain", "max_reward_drop", "entropy_end", "seconds"):
+            row[key], row[key + "_ci"] = mean_interval([run[key] for run in group])
+        row["collapsed"] = sum(run["collapsed"] for run in group)
+        for key in ("kl", "clip_region", "importance_weight_max", "importance_weight_min"):
+            values = [run[key] for run in group if run.get(key) is not None]
+            row[key] = statistics.fmean(values) if values else None
+        if baseline is not None and baseline in by_name:
+            for key in ("last", "best"):
+                mine = {run["seed"]: run[key] for run in group}
+                theirs = {run["seed"]: run[key] for run in by_name[baseline]}
+                row[f"{key}_vs_baseline"], row[f"{key}_vs_baseline_ci"], _ = paired_difference(mine, theirs)
+        rows.append(row)
+    return rows
+
+
+def _optional(value, fmt: str) -> str:
+    return "–" if value is None else format(value, fmt)
+
+
+def format_algorithms_table(rows: list[dict], regime: int, args: BenchAlgosArguments) -> str:
+    """Markdown table of one regime's rows of [`summarize`]."""
+    from .protocol import format_interval
     from .warm_start_bench import markdown_table
 
-    n = len(args.seeds)
-    best_last = max(r["last"] for r in rows)
-    best_best = max(r["best"] for r in rows)
-
-    def cell(row, key, scale=1.0, digits=3, bold_at=None):
-        text = f"{row[key] * scale:.{digits}f} ± {row[key + '_std'] * scale:.{digits}f}"
-        return f"**{text}**" if bold_at is not None and row[key] == bold_at else text
-
+    n = len(args.final_seeds)
     caption = (
-        f"Held-out accuracy (sampled mean@{args.eval_samples} at temperature 1.0, {args.eval_problems} unseen "
-        f"two-digit additions) after {args.steps} RL steps from the same warm start; mean ± std over {n} "
-        f"seed{'s' if n > 1 else ''} ({', '.join(map(str, args.seeds))}). Warm start (before RL): {initial:.3f}."
+        f"**{regime} optimizer steps per generation batch.** Held-out accuracy (sampled mean@{args.eval_samples}, "
+        f"{args.eval_problems} unseen problems) after {args.steps} steps; mean ± 95 % interval over {n} final seeds "
+        f"({args.final_seeds[0]}-{args.final_seeds[-1]}); Δ: paired difference to {BASELINE} (points). "
+        "Diagnostics are means over training."
     )
     header = [
         "Method",
+        "lr",
         "Last",
-        "Gain over warm start (points)",
+        f"Δ Last vs {BASELINE}",
         "Best",
+        f"Δ Best vs {BASELINE}",
+        "Gain (points)",
         "Max reward drop (points)",
-        "Time per run (s)",
+        "Collapsed",
+        "Entropy (end)",
+        "Clipped tokens (%)",
+        "IW max / min",
     ]
-    cells = [
-        [
-            row["algorithm"],
-            cell(row, "last", bold_at=best_last),
-            cell(row, "gain", scale=100.0, digits=1),
-            cell(row, "best", bold_at=best_best),
-            cell(row, "max_reward_drop", scale=100.0, digits=1),
-            f"{row['seconds']:.0f}",
-        ]
-        for row in rows
-    ]
+    cells = []
+    for row in rows:
+        iw = (
+            "–"
+            if row["importance_weight_max"] is None
+            else f"{row['importance_weight_max']:.2f} / {row['importance_weight_min']:.2f}"
+        )
+        cells.append(
+            [
+                row["algorithm"],
+                f"{row['learning_rate']:.2g}",
+                format_interval(row["last"], row["last_ci"], digits=3),
+                "–"
+                if row["algorithm"] == BASELINE
+                else format_interval(row["last_vs_baseline"], row["last_vs_baseline_ci"], scale=100, sign=True),
+                format_interval(row["best"], row["best_ci"], digits=3),
+                "–"
+                if row["algorithm"] == BASELINE
+                else format_interval(row["best_vs_baseline"], row["best_vs_baseline_ci"], scale=100, sign=True),
+                format_interval(row["gain"], row["gain_ci"], scale=100),
+                format_interval(row["max_reward_drop"], row["max_reward_drop_ci"], scale=100),
+                f"{row['collapsed']}/{n}",
+                format_interval(row["entropy_end"], row["entropy_end_ci"], digits=3),
+                _optional(None if row["clip_region"] is None else 100 * row["clip_region"], ".1f"),
+                iw,
+            ]
+        )
     return markdown_table(caption, header, cells)
 
 
-def plot_results(results: list[dict], run_dirs: dict, output: str, args: BenchAlgosArguments) -> str:
-    """
-    Held-out accuracy gain over the warm start (mean over seeds, band ± one standard deviation), training reward and
-    entropy (means over seeds, moving averages) of each method.
-    """
+def format_selection_table(selection: list[dict], chosen_rates: list[dict], args: BenchAlgosArguments) -> str:
+    """The selection grid: mean Last on the selection seeds per (regime, method, learning rate), the chosen in bold."""
+    from .warm_start_bench import markdown_table
+
+    chosen_set = {(c["regime"], c["algorithm"], c["learning_rate"]) for c in chosen_rates}
+    header = ["Regime", "Method", *(f"lr {lr:.2g}" for lr in args.learning_rates)]
+    cells = []
+    for regime in args.regimes:
+        for algorithm in args.algorithms:
+            row = [f"{regime} steps/gen", algorithm]
+            for lr in args.learning_rates:
+                entry = next(
+                    (
+                        s
+                        for s in selection
+                        if (s["regime"], s["algorithm"], s["learning_rate"]) == (regime, algorithm, lr)
+                    ),
+                    None,
+                )
+                if entry is None:
+                    row.append("–")
+                    continue
+                text = f"{statistics.fmean(entry['selection_last']):.3f}"
+                row.append(f"**{text}**" if (regime, algorithm, lr) in chosen_set else text)
+            cells.append(row)
+    caption = (
+        f"Selection (not part of the result): mean Last over the selection seeds {args.selection_seeds}; in bold the "
+        "rate each method then ran with on the final seeds (highest mean, ties to the smaller rate)."
+    )
+    return markdown_table(caption, header, cells)
+
+
+def plot_algorithms(runs: list[dict], output: str, args: BenchAlgosArguments) -> str:
+    """Per regime: held-out accuracy gain over the warm start (mean over the final seeds) and training reward."""
     from ..toy.curves import REWARD_WINDOW, moving_average
-    from .warm_start_bench import mean_gain_curve, mean_metric_curve, pyplot, runs_of, save_figure
+    from .warm_start_bench import mean_gain_curve, mean_metric_curve, pyplot, save_figure
 
     plt = pyplot()
-    fig, (ax_acc, ax_reward, ax_entropy) = plt.subplots(1, 3, figsize=(15, 4))
+    fig, axes = plt.subplots(len(args.regimes), 2, figsize=(12, 3.6 * len(args.regimes)), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for index, algorithm in enumerate(args.algorithms):
-        runs = runs_of(results, {"algorithm": algorithm})
-        if not runs:
-            continue
-        color = colors[index % len(colors)]
-        steps, mean, std = mean_gain_curve(runs)
-        ax_acc.plot(steps, mean, marker="o", markersize=3, color=color, label=algorithm)
-        if std is not None:
-            ax_acc.fill_between(
-                steps, [m - d for m, d in zip(mean, std)], [m + d for m, d in zip(mean, std)], color=color, alpha=0.07
-            )
-        for ax, key, window in ((ax_reward, "reward", REWARD_WINDOW), (ax_entropy, "entropy", 4 * REWARD_WINDOW)):
-            steps, values = mean_metric_curve([run_dirs[(algorithm, r["seed"])] for r in runs], key)
+    for r, regime in enumerate(args.regimes):
+        ax_acc, ax_reward = axes[r]
+        for index, algorithm in enumerate(args.algorithms):
+            group = [run for run in runs if run["regime"] == regime and run["algorithm"] == algorithm]
+            if not group:
+                continue
+            color = colors[index % len(colors)]
+            style = "-" if ALGORITHMS[algorithm][0] == "rpg" else "--"
+            steps, mean, _ = mean_gain_curve(group)
+            ax_acc.plot(steps, mean, style, marker="o", markersize=3, color=color, label=algorithm)
+            steps, values = mean_metric_curve([run["run_dir"] for run in group], "reward")
             if values:
-                ax.plot(steps, moving_average(values, window), color=color, label=algorithm)
-    for ax, title in (
-        (ax_acc, "(a) Held-out accuracy gain over the warm start (points)"),
-        (ax_reward, "(b) Training reward (moving avg.)"),
-        (ax_entropy, "(c) Entropy (moving avg.)"),
-    ):
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-    return save_figure(fig, ax_acc, output, bottom=0.08, dpi=120, max_columns=6)
+                ax_reward.plot(steps, moving_average(values, REWARD_WINDOW * regime), style, color=color)
+        ax_acc.set_title(f"{regime} steps/generation: held-out accuracy gain (points)", fontsize=10)
+        ax_reward.set_title(f"{regime} steps/generation: training reward (moving avg.)", fontsize=10)
+        for ax in (ax_acc, ax_reward):
+            ax.set_xlabel("step")
+            ax.grid(alpha=0.3)
+    return save_figure(fig, axes[0][0], output, bottom=0.1, dpi=110, max_columns=4)
 
 
 def run_bench(args: BenchAlgosArguments) -> dict:
-    """Run every (seed, algorithm) pair, then write ``table.md``, ``results.json`` and ``bench_algos.png``."""
-    from .warm_start_bench import run_warm_start_bench
+    """Run the chosen tables of the protocol, then write ``table.md``, ``results.json`` and the figures."""
+    import json
 
-    algorithms = {name: {"trainer": kind, **overrides} for name, (kind, overrides) in ALGORITHMS.items()}
-    report = {"algorithms": algorithms}
-    return run_warm_start_bench("bench_algos", args, run_one, format_table, plot_results, TABLE_KEYS, report)
+    from ..toy.training import cpu_session
+    from .protocol import job_pool
+
+    start = time.perf_counter()
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    with cpu_session(args.num_threads), job_pool(args.num_workers) as pool:
+        sft_dirs = warm_starts(args, [*args.selection_seeds, *args.final_seeds], pool)
+        report: dict = {"arguments": {**asdict(args), "final_seeds": args.final_seeds}}
+        markdown = []
+        if "algorithms" in args.tables:
+            algorithms = run_algorithms_table(args, sft_dirs, pool)
+            report["algorithms"] = {
+                **algorithms,
+                "table": {
+                    regime: summarize([r for r in algorithms["runs"] if r["regime"] == regime], "algorithm", BASELINE)
+                    for regime in args.regimes
+                },
+                "configurations": {name: {"trainer": kind, **o} for name, (kind, o) in ALGORITHMS.items()},
+            }
+            for regime in args.regimes:
+                markdown.append(format_algorithms_table(report["algorithms"]["table"][regime], regime, args))
+            markdown.append(format_selection_table(algorithms["selection"], algorithms["chosen_learning_rates"], args))
+            plot_algorithms(algorithms["runs"], str(output_dir / "bench_algos.png"), args)
+        if "kl" in args.tables:
+            from .bench_kl import format_kl_table, plot_kl, run_kl_table
+
+            kl = run_kl_table(args, sft_dirs, pool)
+            report["kl"] = kl
+            markdown.append(format_kl_table(kl["table"], kl["chosen_beta"], args))
+            plot_kl(kl["runs"], str(output_dir / "bench_kl.png"), args)
+        warm = [json.loads((Path(d) / "warm_start.json").read_text()) for d in sft_dirs.values()]
+        report["warm_starts"] = {seed: w["report"] for seed, w in zip(sft_dirs, warm)}
+        report["seconds"] = time.perf_counter() - start
+        report["machine"] = machine()
+    (output_dir / "table.md").write_text("\n".join(markdown))
+    (output_dir / "results.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return report
 
 
 def add_parser(subparsers):
     """Register ``rpg-trl bench-algos`` (see [`rpg_trl.cli`])."""
-    from .warm_start_bench import add_bench_parser
-
     return add_bench_parser(
         subparsers,
         "bench-algos",
         BenchAlgosArguments,
-        help="The paper's Table 3 in miniature: GRPO, DAPO, REINFORCE++(-Baseline) and four RPG variants from the same "
-        "warm start.",
-        description="Train GRPO, DAPO (TRL's GRPOTrainer), REINFORCE++, REINFORCE++-Baseline "
-        "(rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer) and RPG-UFKL, RPG-URKL, RPG-REINFORCE-UFKL, "
-        "RPG-REINFORCE-URKL (RPGTrainer) from the same supervised warm start of the demo's task, with the same "
-        "budget, over several seeds; print the Last/Best held-out accuracy and a stability measure as a markdown "
-        "table, and write table.md, results.json and bench_algos.png.",
+        help="The paper's comparison in miniature on a protocol fixed in advance: GRPO, DAPO, REINFORCE++(-Baseline) "
+        "and four RPG variants, each at its own best learning rate, and the KL estimators on a flawed proxy reward.",
+        description="Choose each method's learning rate per regime (steps per generation) on selection seeds, run "
+        "every method at it on fresh final seeds from shared warm starts, and report Last/Best/Gain and stability "
+        "with 95%% intervals and paired differences to GRPO; then train the KL arms on a proxy reward with an "
+        "exploitable flaw and report the true reward. Writes table.md, results.json, bench_algos.png, bench_kl.png.",
     )
 
 
 def run(args) -> int:
     """Execute ``rpg-trl bench-algos`` with the parsed command-line `args`."""
-    from .warm_start_bench import run_command
-
-    return run_command(args, BenchAlgosArguments, run_bench, "bench_algos")
+    bench_args = dataclass_arguments(args, BenchAlgosArguments)
+    report = run_bench(bench_args)
+    written = f"{bench_args.output_dir}/table.md, results.json and the figures"
+    print_report(bench_args.output_dir, report["seconds"], written)
+    return 0

@@ -29,6 +29,7 @@ _LAZY = {
     "prompt_of": ".addition",
     # evaluation
     "heldout_accuracy": ".evaluation",
+    "heldout_scores": ".evaluation",
     "heldout_accuracy_callback": ".evaluation",
     # warm start
     "WarmStartReport": ".warm_start",

@@ -8,22 +8,36 @@ import functools
 from .addition import MAX_COMPLETION_LENGTH, addition_reward, prompt_of
 
 
-def heldout_accuracy(model, tokenizer, pairs, *, num_samples: int = 4, greedy: bool = False, seed: int = 0) -> float:
+def heldout_scores(
+    model,
+    tokenizer,
+    pairs,
+    reward_funcs: dict,
+    *,
+    num_samples: int = 4,
+    greedy: bool = False,
+    seed: int = 0,
+    max_new_tokens: int = MAX_COMPLETION_LENGTH,
+) -> dict[str, float]:
     """
-    Accuracy of `model` on the problems `pairs`.
+    Mean score of `model`'s completions on the problems `pairs` under each reward function of `reward_funcs` (name ->
+    `f(completions, solution)`, TRL's reward-function signature), all on the same completions.
 
     With `greedy=False`: the mean, over problems and over `num_samples` completions per problem sampled at
-    temperature 1.0 without top-k/top-p filtering, of [`addition_reward`] (mean@k). With `greedy=True`: the fraction
-    of problems whose greedy completion is right. Sampling uses its own seeded random stream, so evaluating does not
-    change the training run, and evaluating the same model twice gives the same number.
+    temperature 1.0 without top-k/top-p filtering, of each reward (mean@k). With `greedy=True`: the mean over problems
+    of the reward of the greedy completion. At most `max_new_tokens` tokens are generated. Sampling uses its own seeded
+    random stream, so evaluating does not change the training run, and evaluating the same model twice gives the same
+    numbers.
     """
     import torch
     from transformers import GenerationConfig
 
     if not pairs:
         raise ValueError("`pairs` is empty: there is nothing to evaluate.")
+    if not reward_funcs:
+        raise ValueError("`reward_funcs` is empty: name at least one reward function to score the completions with.")
     config = GenerationConfig(
-        max_new_tokens=MAX_COMPLETION_LENGTH,
+        max_new_tokens=max_new_tokens,
         do_sample=not greedy,
         temperature=1.0 if not greedy else None,
         top_k=None,
@@ -44,8 +58,26 @@ def heldout_accuracy(model, tokenizer, pairs, *, num_samples: int = 4, greedy: b
         model.train(was_training)
     repeats = len(texts) // len(pairs)
     solutions = [str(a + b) for a, b in pairs for _ in range(repeats)]
-    rewards = addition_reward(texts, solutions)
-    return sum(r or 0.0 for r in rewards) / len(rewards)
+    scores = {}
+    for name, reward_func in reward_funcs.items():
+        rewards = reward_func(texts, solutions)
+        scores[name] = sum(r or 0.0 for r in rewards) / len(rewards)
+    return scores
+
+
+def heldout_accuracy(model, tokenizer, pairs, *, num_samples: int = 4, greedy: bool = False, seed: int = 0) -> float:
+    """
+    Accuracy of `model` on the problems `pairs` ([`heldout_scores`] with [`addition_reward`]).
+
+    With `greedy=False`: the mean, over problems and over `num_samples` completions per problem sampled at
+    temperature 1.0 without top-k/top-p filtering, of [`addition_reward`] (mean@k). With `greedy=True`: the fraction
+    of problems whose greedy completion is right. Sampling uses its own seeded random stream, so evaluating does not
+    change the training run, and evaluating the same model twice gives the same number.
+    """
+    scores = heldout_scores(
+        model, tokenizer, pairs, {"accuracy": addition_reward}, num_samples=num_samples, greedy=greedy, seed=seed
+    )
+    return scores["accuracy"]
 
 
 @functools.cache
@@ -54,25 +86,42 @@ def _held_out_accuracy_callback_class():
     from transformers import TrainerCallback
 
     class HeldOutAccuracyCallback(TrainerCallback):
-        """Evaluates [`heldout_accuracy`] at the start of training and every `every` steps, and appends it to the
-        trainer's `log_history`.
+        """Evaluates [`heldout_scores`] (by default the accuracy, [`heldout_accuracy`]) at the start of training and
+        every `every` steps, and appends it to the trainer's `log_history`.
 
-        The entries (``{"heldout/accuracy": ..., "heldout/greedy_accuracy": ..., "step": ...}``) are saved in
+        The entries (``{"heldout/accuracy": ..., "heldout/greedy_accuracy": ..., "step": ...}``, one
+        ``heldout/<name>`` per reward function and the greedy score of the first) are saved in
         ``trainer_state.json`` with the training metrics, so ``rpg-trl plot`` draws them next to the reward; they are
         also kept in `curve`.
         """
 
-        def __init__(self, model, tokenizer, pairs, *, every: int, num_samples: int, seed: int):
+        def __init__(
+            self,
+            model,
+            tokenizer,
+            pairs,
+            *,
+            every: int,
+            num_samples: int,
+            seed: int,
+            reward_funcs=None,
+            max_new_tokens=MAX_COMPLETION_LENGTH,
+        ):
             self.model, self.tokenizer, self.pairs = model, tokenizer, pairs
             self.every, self.num_samples, self.seed = every, num_samples, seed
+            self.reward_funcs = reward_funcs or {"accuracy": addition_reward}
+            self.max_new_tokens = max_new_tokens
             self.curve: list[dict] = []
 
         def evaluate(self, state):
-            sampled = heldout_accuracy(
-                self.model, self.tokenizer, self.pairs, num_samples=self.num_samples, seed=self.seed
+            scores = functools.partial(
+                heldout_scores, self.model, self.tokenizer, self.pairs, max_new_tokens=self.max_new_tokens
             )
-            greedy = heldout_accuracy(self.model, self.tokenizer, self.pairs, greedy=True)
-            entry = {"heldout/accuracy": sampled, "heldout/greedy_accuracy": greedy, "step": state.global_step}
+            sampled = scores(self.reward_funcs, num_samples=self.num_samples, seed=self.seed)
+            first = next(iter(self.reward_funcs))
+            greedy = scores({first: self.reward_funcs[first]}, greedy=True)[first]
+            entry = {f"heldout/{name}": value for name, value in sampled.items()}
+            entry.update({f"heldout/greedy_{first}": greedy, "step": state.global_step})
             self.curve.append(entry)
             state.log_history.append(entry)
 
@@ -86,8 +135,29 @@ def _held_out_accuracy_callback_class():
     return HeldOutAccuracyCallback
 
 
-def heldout_accuracy_callback(model, tokenizer, pairs, *, every: int, num_samples: int = 4, seed: int = 0):
-    """A trainer callback that tracks [`heldout_accuracy`] of `model` on `pairs` every `every` steps (and at step 0)."""
+def heldout_accuracy_callback(
+    model,
+    tokenizer,
+    pairs,
+    *,
+    every: int,
+    num_samples: int = 4,
+    seed: int = 0,
+    reward_funcs: dict | None = None,
+    max_new_tokens: int = MAX_COMPLETION_LENGTH,
+):
+    """
+    A trainer callback that tracks [`heldout_accuracy`] of `model` on `pairs` every `every` steps (and at step 0), or,
+    given `reward_funcs` (name -> reward function; the first named ``"accuracy"`` feeds the benchmarks' tables), each
+    of their scores on the same completions of at most `max_new_tokens` tokens.
+    """
     return _held_out_accuracy_callback_class()(
-        model, tokenizer, pairs, every=every, num_samples=num_samples, seed=seed
+        model,
+        tokenizer,
+        pairs,
+        every=every,
+        num_samples=num_samples,
+        seed=seed,
+        reward_funcs=reward_funcs,
+        max_new_tokens=max_new_tokens,
     )

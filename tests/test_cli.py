@@ -213,10 +213,30 @@ def test_drawdown_and_moving_average():
 
 def test_bench_arguments_presets_and_errors():
     args = bench_algos.BenchAlgosArguments(quick=True, steps=5)
-    assert args.seeds == [0] and args.steps == 5 and args.sft_steps == 100 and args.sft_extra_rounds == 0
-    assert bench_algos.BenchAlgosArguments().seeds == [0, 1, 2]
+    assert args.steps == 5 and args.sft_steps == 100 and args.sft_extra_rounds == 0
+    full = bench_algos.BenchAlgosArguments()
+    # The protocol: both regimes, a grid spanning at least 8x, selection seeds apart from 5 consecutive final seeds.
+    assert full.regimes == [16, 4] and full.steps == 128
+    assert len(full.learning_rates) >= 4 and max(full.learning_rates) / min(full.learning_rates) >= 8
+    assert full.final_seeds == [1000, 1001, 1002, 1003, 1004] and full.selection_seeds == [100, 101]
+    assert full.algorithms == list(bench_algos.ALGORITHMS) and len(full.algorithms) == 8
+    assert bench_algos.BenchAlgosArguments(final_seed_start=7, num_final_seeds=3).final_seeds == [7, 8, 9]
     with pytest.raises(ValueError, match="Unknown algorithm.*'PPO'"):
         bench_algos.BenchAlgosArguments(algorithms=["PPO"])
+    with pytest.raises(ValueError, match="must be fresh: \\[101\\]"):
+        bench_algos.BenchAlgosArguments(final_seed_start=99, num_final_seeds=3)
+    with pytest.raises(ValueError, match="must include 'GRPO'"):
+        bench_algos.BenchAlgosArguments(algorithms=["DAPO"])
+    with pytest.raises(ValueError, match="`regimes` must list integers >= 1"):
+        bench_algos.BenchAlgosArguments(regimes=[0])
+    with pytest.raises(ValueError, match="`learning_rates` must list positive"):
+        bench_algos.BenchAlgosArguments(learning_rates=[1e-3, -1e-3])
+    with pytest.raises(ValueError, match="`kl_betas` must list positive"):
+        bench_algos.BenchAlgosArguments(kl_betas=[0.0])
+    with pytest.raises(ValueError, match="Unknown KL arm"):
+        bench_algos.BenchAlgosArguments(kl_arms=["KL"])
+    with pytest.raises(ValueError, match="Unknown table"):
+        bench_algos.BenchAlgosArguments(tables=["speed"])
 
 
 def test_bench_algos_quick(tmp_path, capsys):
@@ -225,11 +245,38 @@ def test_bench_algos_quick(tmp_path, capsys):
     out = capsys.readouterr().out
     table = (output_dir / "table.md").read_text()
     assert table in out
-    for name in bench_algos.ALGORITHMS:
-        assert f"| {name} |" in table
-        assert (output_dir / "seed0" / name / "trainer_state.json").is_file()
     report = json.loads((output_dir / "results.json").read_text())
-    assert len(report["runs"]) == len(bench_algos.ALGORITHMS)
-    assert all(0.0 <= run["last"] <= 1.0 and run["max_reward_drop"] >= 0.0 for run in report["runs"])
-    png = (output_dir / "bench_algos.png").read_bytes()
-    assert png.startswith(PNG_SIGNATURE) and len(png) > 10_000
+    args = bench_algos.BenchAlgosArguments(quick=True)
+    # Selection: every (method, rate) on the selection seed; one chosen rate per method, from the grid.
+    selection = report["algorithms"]["selection"]
+    assert len(selection) == len(args.algorithms) * len(args.learning_rates)
+    assert {c["learning_rate"] for c in report["algorithms"]["chosen_learning_rates"]} <= set(args.learning_rates)
+    runs = report["algorithms"]["runs"]
+    assert sorted((r["algorithm"], r["seed"]) for r in runs) == sorted(
+        (a, s) for a in args.algorithms for s in args.final_seeds
+    )
+    for run in runs:
+        assert 0.0 <= run["last"] <= 1.0 and run["max_reward_drop"] >= 0.0
+        assert (output_dir / "algorithms" / "spg16" / run["algorithm"]).is_dir()
+        assert os.path.isfile(os.path.join(run["run_dir"], "trainer_state.json"))
+    for name in args.algorithms:
+        assert f"| {name} |" in table
+    # The paired difference to GRPO, recomputed from the runs.
+    row = next(r for r in report["algorithms"]["table"]["16"] if r["algorithm"] == "RPG-REINFORCE-URKL")
+    by_seed = {(r["algorithm"], r["seed"]): r["last"] for r in runs}
+    diffs = [by_seed[("RPG-REINFORCE-URKL", s)] - by_seed[("GRPO", s)] for s in args.final_seeds]
+    assert row["last_vs_baseline"] == pytest.approx(sum(diffs) / len(diffs))
+    # The KL table: the arms on the final seeds, at the chosen beta (0 without KL), with the proxy scored.
+    kl = report["kl"]
+    assert kl["chosen_beta"] in args.kl_betas
+    assert sorted((r["arm"], r["beta"]) for r in kl["runs"]) == sorted(
+        [("no KL", 0.0)] * 2 + [("RPG-URKL, token", kl["chosen_beta"])] * 2
+    )
+    assert all(r["proxy_last"] >= 0.0 and r["length_end"] > 0 for r in kl["runs"])
+    for name in ("bench_algos.png", "bench_kl.png"):
+        png = (output_dir / name).read_bytes()
+        assert png.startswith(PNG_SIGNATURE) and len(png) > 10_000
+    # A second invocation reads every run back from its folder instead of training it again.
+    capsys.readouterr()
+    assert cli.main(["bench-algos", "--quick", "--output-dir", str(output_dir), "--num-workers", "1"]) == 0
+    assert json.loads((output_dir / "results.json").read_text())["algorithms"]["runs"] == runs

@@ -54,6 +54,18 @@ def test_addition_reward_matches_the_number_only():
     assert rewards == [1.0, 1.0, 0.0, 0.0, 0.0]
 
 
+def test_addition_reward_digits_agree_with_math_verify():
+    # The digits-only fast path against math-verify itself (the answer line it reads), on every completion of up to
+    # three digits, with leading zeros, each against its own value and against another sum.
+    from rpg_trl.math_task.rewards import accuracy_reward
+
+    completions = [str(i) for i in range(1000)] + [f"0{i}" for i in range(100)] + ["00", "007", "0198"]
+    solutions = [str(int(c)) if k % 2 == 0 else str(20 + k % 179) for k, c in enumerate(completions)]
+    expected = accuracy_reward([f"Answer: {c}" for c in completions], solutions)
+    assert addition.addition_reward(completions, solutions) == expected
+    assert 0 < sum(expected) < len(expected)
+
+
 def test_heldout_accuracy_is_reproducible_and_leaves_the_global_rng_alone():
     model, tokenizer = addition.build_model(seed=0)
     pairs = addition.make_splits(0, num_eval=20).eval

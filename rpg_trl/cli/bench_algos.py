@@ -550,9 +550,12 @@ def plot_algorithms(runs: list[dict], output: str, args: BenchAlgosArguments) ->
             ax_acc.plot(steps, mean, style, marker="o", markersize=3, color=color, label=algorithm)
             steps, values = mean_metric_curve([run["run_dir"] for run in group], "reward")
             if values:
-                ax_reward.plot(steps, moving_average(values, REWARD_WINDOW * regime), style, color=color)
+                ax_reward.plot(steps, moving_average(values, REWARD_WINDOW), style, color=color)
         ax_acc.set_title(f"{regime} steps/generation: held-out accuracy gain (points)", fontsize=10)
-        ax_reward.set_title(f"{regime} steps/generation: training reward (moving avg.)", fontsize=10)
+        ax_reward.set_title(
+            f"{regime} steps/generation: training reward (one per generation batch, moving avg. over {REWARD_WINDOW})",
+            fontsize=10,
+        )
         for ax in (ax_acc, ax_reward):
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)

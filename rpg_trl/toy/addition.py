@@ -108,11 +108,25 @@ def addition_reward(completions: list[str], solution: list[str], **kwargs) -> li
     Exact-match reward of the task: 1.0 when the completion is the right sum, else 0.0.
 
     The prompt ``"a+b="`` asks for the bare number, so the completion is scored as the answer line ``Answer: <c>``
-    by [`rpg_trl.math_task.rewards.accuracy_reward`] (math-verify): ``"57"`` and ``"057"`` both match ``57``.
+    by [`rpg_trl.math_task.rewards.accuracy_reward`] (math-verify): ``"57"`` and ``"057"`` both match ``57``. A
+    completion made of digits only (nearly all of them) is compared as an integer, which is math-verify's verdict on
+    it (``tests/test_demo.py::test_addition_reward_digits_agree_with_math_verify``) at a thousandth of its cost; the
+    rest go to math-verify.
     """
     from ..math_task.rewards import accuracy_reward
 
-    return accuracy_reward([f"Answer: {completion}" for completion in completions], solution)
+    rewards: list[float | None] = [None] * len(completions)
+    rest = []
+    for i, (completion, answer) in enumerate(zip(completions, solution, strict=True)):
+        if completion.isascii() and completion.isdigit() and str(answer).isdigit():
+            rewards[i] = 1.0 if int(completion) == int(answer) else 0.0
+        else:
+            rest.append(i)
+    if rest:
+        verified = accuracy_reward([f"Answer: {completions[i]}" for i in rest], [solution[i] for i in rest])
+        for i, reward in zip(rest, verified):
+            rewards[i] = reward
+    return rewards
 
 
 def evaluation_seed(seed: int) -> int:

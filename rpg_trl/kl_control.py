@@ -229,9 +229,14 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
         """Make this instance the trainer's KL controller again if transformers replaced it by a copy rebuilt from the
         saved arguments (`restore_callback_states_from_checkpoint=True`); the state is restored in `on_train_begin`."""
         callbacks = trainer.callback_handler.callbacks
-        mine = [i for i, cb in enumerate(callbacks) if isinstance(cb, AdaptiveKLCallback)]
-        callbacks.insert(mine[0] if mine else len(callbacks), self)
-        callbacks[:] = [cb for cb in callbacks if cb is self or not isinstance(cb, AdaptiveKLCallback)]
+        kept, placed = [], False
+        for callback in callbacks:  # this instance, once, in the place of the first AdaptiveKLCallback
+            if not isinstance(callback, AdaptiveKLCallback):
+                kept.append(callback)
+            elif not placed:
+                kept.append(self)
+                placed = True
+        callbacks[:] = kept if placed else [*kept, self]
         self.bind(trainer)
 
     # ------------------------------------------------------------------------------------------------ KL

@@ -275,6 +275,7 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
                     f"Resuming at step {state.global_step} from a checkpoint without the KL controller's state "
                     f"(AdaptiveKLCallback): β restarts from beta = {self.controller.initial_beta:g}."
                 )
+                state.stateful_callbacks[type(self).__name__] = self.state()  # where the next checkpoint writes it
         self.trainer.rpg_beta = self.controller.beta
 
     def on_step_end(self, args, state, control, **kwargs):

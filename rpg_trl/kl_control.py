@@ -90,7 +90,9 @@ class AdaptiveKLController:
         if low > high:
             raise ValueError(f"`beta_min` ({beta_min}) must be <= `beta_max` ({beta_max}).")
         if not low <= beta <= high:
-            raise ValueError(f"`beta` (the initial β) must lie within [beta_min, beta_max] = [{low}, {high}]; got {beta}.")
+            raise ValueError(
+                f"`beta` (the initial β) must lie within [beta_min, beta_max] = [{low}, {high}]; got {beta}."
+            )
         self.initial_beta = float(beta)
         self.target = float(target)
         self.horizon = float(horizon)
@@ -141,7 +143,9 @@ class AdaptiveKLController:
         """Restore an exported state; refuses unknown keys (a state that is not this controller's)."""
         unknown = set(attributes) - set(STATE_ATTRIBUTES)
         if unknown:
-            raise ValueError(f"Unknown KL-controller state {sorted(unknown)}; expected some of {list(STATE_ATTRIBUTES)}.")
+            raise ValueError(
+                f"Unknown KL-controller state {sorted(unknown)}; expected some of {list(STATE_ATTRIBUTES)}."
+            )
         for key, value in attributes.items():
             setattr(self, key, value)
 
@@ -293,4 +297,7 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
 
     # ------------------------------------------------------------------------------------------------ checkpoints
     def state(self) -> dict:
-        return {"args": {**self.controller.arguments(), "level": self.level}, "attributes": self.controller.attributes()}
+        return {
+            "args": {**self.controller.arguments(), "level": self.level},
+            "attributes": self.controller.attributes(),
+        }

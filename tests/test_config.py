@@ -79,7 +79,7 @@ INVALID_CONFIGS = [
     (RPGConfig, dict(kl_target=0.0, steps_per_generation=4), "`kl_target` must be a finite number > 0 or None"),
     (RPGConfig, dict(kl_target=float("inf"), steps_per_generation=4), "`kl_target` must be a finite number > 0"),
     (RPGConfig, dict(kl_target=0.1, steps_per_generation=4, beta=0.0), "`kl_target` needs `beta > 0`"),
-    (RPGConfig, dict(kl_target=0.1), "`kl_target` with kl_anchor='sampling' needs optimizer steps on data of an older"),
+    (RPGConfig, dict(kl_target=0.1), "`kl_target` with kl_anchor='sampling' needs optimizer steps"),
     (RPGConfig, dict(kl_horizon=100.0), "`kl_horizon` sets the adaptive KL coefficient, which only acts with"),
     (RPGConfig, dict(kl_target=0.1, kl_anchor="reference", kl_horizon=-1.0), "`kl_horizon` must be a finite number"),
     (RPGConfig, dict(kl_target=0.1, kl_anchor="reference", kl_horizon=1.0), "`kl_horizon` must exceed 0.2 × the"),

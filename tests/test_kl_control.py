@@ -264,7 +264,9 @@ def test_resume_continues_with_the_saved_beta(tiny_model_dir, tmp_path, restore_
     assert callbacks.count("AdaptiveKLCallback") == 1 and resumed.kl_control_callback.trainer is resumed
     for key in ("beta", "kl_control/kl", "loss", "kl"):  # steps 1-2 from the checkpoint's history, then 3-4
         assert logged(resumed, key) == logged(full, key), key
-    assert resumed.rpg_beta == full.rpg_beta and resumed.kl_control_callback.state() == full.kl_control_callback.state()
+    assert (
+        resumed.rpg_beta == full.rpg_beta and resumed.kl_control_callback.state() == full.kl_control_callback.state()
+    )
 
     if restore_flag:
         return

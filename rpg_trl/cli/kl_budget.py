@@ -57,7 +57,9 @@ class KLBudgetArguments:
             isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in self.targets
         ):
             raise ValueError(f"`targets` must be one or more numbers > 0; got {self.targets!r}.")
-        check_arguments(self, at_least_one=("max_steps", "num_threads"), positive=("beta", "kl_horizon", "learning_rate"))
+        check_arguments(
+            self, at_least_one=("max_steps", "num_threads"), positive=("beta", "kl_horizon", "learning_rate")
+        )
 
 
 def train_with_budget(model_dir: str, output_dir: str, target: float, args: KLBudgetArguments) -> dict:

@@ -53,7 +53,12 @@ def run(model_dir, output_dir, world_size: int) -> dict:
     )
     model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
     trainer = RPGTrainer(
-        model, digit_reward, args=args, train_dataset=PROMPTS, processing_class=tokenizer, rollout_func=make_rollout(tokenizer)
+        model,
+        digit_reward,
+        args=args,
+        train_dataset=PROMPTS,
+        processing_class=tokenizer,
+        rollout_func=make_rollout(tokenizer),
     )
     assert trainer.accelerator.num_processes == world_size, trainer.accelerator.num_processes
     trainer.train()

@@ -12,8 +12,8 @@ controller of [`rpg_trl.kl_control`] raises β while the importance-weighted KL 
 - β starts at 0.1 with horizon 64 samples (β moves by at most ±5% per step), no floor or ceiling.
 
 Outputs in ``--output_dir``: ``kl_budget.png`` (the KL of every step with its target, and β, over the steps),
-``results.json`` (per target: the per-step KL, β and reward, the median KL of the second half of the run; the
-arguments and the machine) and each run's trainer state (``target_<δ>/``).
+``results.json`` (per target: the per-step KL, β and reward, the median and quartiles of the KL over the second half
+of the run; the arguments and the machine) and each run's trainer state (``target_<δ>/``).
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ def train_with_budget(model_dir: str, output_dir: str, target: float, args: KLBu
 
     from ..config import RPGConfig
     from ..toy.models import build_char_tokenizer
+    from ..toy.training import no_activation_checkpointing
     from ..trainer import RPGTrainer
 
     config = RPGConfig(
@@ -85,7 +86,7 @@ def train_with_budget(model_dir: str, output_dir: str, target: float, args: KLBu
         optim="sgd",
         learning_rate=args.learning_rate,
         lr_scheduler_type="constant",
-        gradient_checkpointing=False,
+        **no_activation_checkpointing(),
         logging_steps=1,
         save_strategy="no",
         report_to="none",
@@ -112,6 +113,7 @@ def train_with_budget(model_dir: str, output_dir: str, target: float, args: KLBu
         "beta": [h["beta"] for h in history],
         "reward": [h["reward"] for h in history],
         "median_kl_second_half": statistics.median(kl[len(kl) // 2 :]),
+        "quartiles_kl_second_half": statistics.quantiles(kl[len(kl) // 2 :], n=4),
     }
 
 
@@ -130,7 +132,7 @@ def plot_runs(runs: list[dict], path: str) -> str:
         top.axhline(run["target"], color=color, ls="--", lw=1)
         bottom.plot(run["step"], run["beta"], color=color, lw=1.5, label=label)
     top.set_yscale("log")
-    top.set_ylabel("KL(π_θ‖π_ref), importance-weighted")
+    top.set_ylabel("KL to π_ref (RPG estimate)")
     top.set_title("RPG's KL estimate per step (dashed: the targets)")
     top.legend()
     bottom.set_yscale("log")
@@ -163,6 +165,7 @@ def run_kl_budget(args: KLBudgetArguments) -> dict:
                 train_with_budget(model_dir, str(output_dir / f"target_{target:g}"), target, args)
                 for target in args.targets
             ]
+            measured_on = machine()
     finally:
         if bars:
             hf_logging.enable_progress_bar()
@@ -170,7 +173,7 @@ def run_kl_budget(args: KLBudgetArguments) -> dict:
     report = {
         "runs": runs,
         "arguments": asdict(args),
-        "machine": machine(),
+        "machine": measured_on,
         "seconds": round(time.perf_counter() - start, 1),
         "figure": figure,
     }
@@ -196,9 +199,11 @@ def run(args) -> int:
     budget_args = dataclass_arguments(args, KLBudgetArguments)
     report = run_kl_budget(budget_args)
     for r in report["runs"]:
+        q1, median, q3 = r["quartiles_kl_second_half"]
         print(
-            f"kl_target = {r['target']:g}: median KL of steps {r['step'][len(r['step']) // 2]}-{r['step'][-1]} = "
-            f"{r['median_kl_second_half']:.4f}; final β = {r['beta'][-1]:.4g}"
+            f"kl_target = {r['target']:g}: KL of steps {r['step'][len(r['step']) // 2]}-{r['step'][-1]}: median "
+            f"{median:.4f}, quartiles {q1:.4f}-{q3:.4f}; β there {min(r['beta'][len(r['beta']) // 2 :]):.4g}-"
+            f"{max(r['beta'][len(r['beta']) // 2 :]):.4g}, final {r['beta'][-1]:.4g}"
         )
     print(f"Total time {report['seconds']:.0f} s. Wrote {report['figure']} and {budget_args.output_dir}/results.json")
     return 0

@@ -35,7 +35,8 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
     explode), which [`~rpg_trl.async_rpg.AsyncRPGTrainer`] shares. RPG's own methods: `_compute_loss` (RPG's per-token
     loss, TRL's masks on the reward term, TRL's normalisers, entropy bonus and metrics), `_save_checkpoint` and
     `_load_optimizer_and_scheduler` (the synced reference of the paper's iterative reference update, Sec. 5,
-    [`RefModelSyncCallback`]).
+    [`RefModelSyncCallback`]). With `kl_target`, [`~rpg_trl.kl_control.AdaptiveKLCallback`] sets β (`rpg_beta`) after
+    every optimizer step from the KL that `_log_rpg_metrics` hands it.
 
     Generation, rewards, vLLM, PEFT, DeepSpeed/FSDP, gradient accumulation and logging are otherwise TRL's.
     """

@@ -220,6 +220,7 @@ def test_a_cpu_run_holds_the_kl_near_each_target(tmp_path):
     # A larger budget: a larger KL and a smaller β.
     assert runs[0.2]["median_kl_second_half"] > 2 * runs[0.05]["median_kl_second_half"]
     assert runs[0.2]["beta"][-1] < runs[0.05]["beta"][-1]
+    assert cli.main(["kl-budget", "--targets", "0.1", "-1"]) == 2  # a clear error, no traceback
 
 
 def test_two_processes_reach_the_same_beta_as_one(tiny_model_dir, tmp_path):

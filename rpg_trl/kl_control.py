@@ -266,9 +266,9 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
                 "RPGTrainer does this itself; with another trainer call `callback.reinstall(trainer)` before `train()`."
             )
         self._kl_sum = self._kl_count = 0.0
-        if state.global_step == 0:  # a new run starts from the configured β
-            self.controller.load_attributes({"beta": self.controller.initial_beta, "last_kl": None, "num_updates": 0})
-        else:
+        # A new run starts from the configured β; a resumed one from the β of its checkpoint.
+        self.controller.load_attributes({"beta": self.controller.initial_beta, "last_kl": None, "num_updates": 0})
+        if state.global_step > 0:
             stored = (state.stateful_callbacks or {}).get(type(self).__name__)
             if isinstance(stored, list):
                 stored = stored[0]

@@ -19,6 +19,7 @@ _LAZY = {
     "RPGConfig": ".config",
     "RPGTrainer": ".trainer",
     "RefModelSyncCallback": ".ref_sync",
+    "AdaptiveKLCallback": ".kl_control",
     # `rpg_trl.async_rpg` imports `trl.experimental` (which warns on import): loaded on first use only.
     "AsyncRPGConfig": ".async_rpg",
     "AsyncRPGTrainer": ".async_rpg",
@@ -35,6 +36,7 @@ def __getattr__(name):
 
 
 __all__ = [
+    "AdaptiveKLCallback",
     "AsyncRPGConfig",
     "AsyncRPGTrainer",
     "DIVERGENCES",

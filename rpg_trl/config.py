@@ -217,6 +217,80 @@ class RPGLossArguments:
 
 
 @dataclass
+class KLControlArguments:
+    """A KL budget: the adaptive KL coefficient of Ziegler et al. (2019) ([`rpg_trl.kl_control`]), as verl
+    (`algorithm.kl_ctrl.type: adaptive`), OpenRLHF (`--kl_target`, `--kl_horizon`) and ROLL offer it. Shared by
+    [`RPGConfig`] and the asynchronous trainer's configuration (which refuses it)."""
+
+    kl_target: float | None = field(
+        default=None,
+        metadata={
+            "help": "Target δ of the adaptive KL coefficient. After each optimizer step β is multiplied by "
+            "1 + clip(KL/δ − 1, −0.2, 0.2)·n/kl_horizon (n: the samples of the step), where KL is RPG's "
+            "importance-weighted estimate of the chosen divergence (the logged `kl`, or `kl/sequence` with "
+            "kl_level='sequence'); `beta` is the initial β. None (default): a fixed β."
+        },
+    )
+    kl_horizon: float | None = field(
+        default=None,
+        metadata={
+            "help": "Horizon H of the adaptive KL coefficient, in samples: a persistent error e changes β by a factor "
+            "of about exp(e) over H samples. Only with kl_target; None (default) gives 10000 (verl's and OpenRLHF's "
+            "default)."
+        },
+    )
+    kl_beta_min: float | None = field(
+        default=None,
+        metadata={"help": "Floor of the adaptive β (> 0). Only with kl_target; None (default): no floor."},
+    )
+    kl_beta_max: float | None = field(
+        default=None,
+        metadata={"help": "Ceiling of the adaptive β. Only with kl_target; None (default): no ceiling."},
+    )
+
+    def check_kl_control_arguments(self) -> None:
+        """Validate the KL-budget fields (`ValueError` naming the field, the allowed values and the fix); `kl_horizon`
+        None becomes 10000 when `kl_target` is set."""
+        if self.kl_target is None:
+            for name in ("kl_horizon", "kl_beta_min", "kl_beta_max"):
+                if getattr(self, name) is not None:
+                    raise ValueError(
+                        f"`{name}` sets the adaptive KL coefficient, which only acts with `kl_target`; set "
+                        f"`kl_target` (the KL to hold) or leave `{name}` unset."
+                    )
+            return
+        for name in ("kl_target", "kl_horizon", "kl_beta_min", "kl_beta_max"):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < math.inf
+            ):
+                raise ValueError(f"`{name}` must be a finite number > 0 or None; got {value!r}.")
+        if self.kl_horizon is None:
+            self.kl_horizon = 10000.0
+        if self.beta == 0.0:
+            raise ValueError(
+                "`kl_target` needs `beta > 0`: `beta` is the initial coefficient of the adaptive controller, which "
+                "multiplies it and so cannot leave 0. Set `beta` to a starting value (the paper uses 1e-4)."
+            )
+        low = 0.0 if self.kl_beta_min is None else self.kl_beta_min
+        high = math.inf if self.kl_beta_max is None else self.kl_beta_max
+        if low > high:
+            raise ValueError(f"`kl_beta_min` ({self.kl_beta_min}) must be <= `kl_beta_max` ({self.kl_beta_max}).")
+        if not low <= self.beta <= high:
+            raise ValueError(
+                f"`beta` (the initial coefficient of the adaptive controller) must lie within [kl_beta_min, "
+                f"kl_beta_max] = [{low:g}, {high:g}]; got {self.beta:g}."
+            )
+        samples = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
+        if not self.kl_horizon > 0.2 * samples:
+            raise ValueError(
+                f"`kl_horizon` must exceed 0.2 × the samples of an optimizer step ({samples} = "
+                "per_device_train_batch_size × gradient_accumulation_steps × processes): the controller multiplies β "
+                f"by 1 + e·{samples}/kl_horizon with e >= −0.2, which must stay > 0; got {self.kl_horizon!r}."
+            )
+
+
+@dataclass
 class DynamicSamplingArguments:
     """DAPO dynamic sampling (Yu et al., 2025; the paper's runs, Sec. 5), `rpg_trl.dynamic_sampling`. Shared by
     [`RPGConfig`] and the baseline configurations of `examples/rpg_math.py`."""
@@ -267,7 +341,7 @@ class DynamicSamplingArguments:
 
 
 @dataclass
-class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
+class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, GRPOConfig):
     r"""
     Configuration class for the [`RPGTrainer`].
 
@@ -321,6 +395,15 @@ class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
             Reward function whose per-group variance decides which groups are kept (`None`: the total reward).
         importance_weight_warning_threshold (`float` or `None`, *optional*, defaults to `100.0`):
             Warn when the largest importance weight π_θ/π_old of a logging interval exceeds it.
+        kl_target (`float` or `None`, *optional*, defaults to `None`):
+            δ: an adaptive β (Ziegler et al., 2019; [`~rpg_trl.kl_control.AdaptiveKLCallback`]) that holds RPG's
+            importance-weighted KL estimate (`kl`, or `kl/sequence` with `kl_level="sequence"`) near δ, starting from
+            `beta`. `None`: a fixed β.
+        kl_horizon (`float` or `None`, *optional*, defaults to `None`):
+            H, in samples: β ← β·(1 + clip(KL/δ − 1, −0.2, 0.2)·n/H) after each optimizer step of n samples. `None`
+            gives 10000 with `kl_target`.
+        kl_beta_min, kl_beta_max (`float` or `None`, *optional*, default to `None`):
+            Floor and ceiling of the adaptive β.
     """
 
     aggregation: str | None = field(
@@ -369,6 +452,7 @@ class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
         self._check_unsupported_options()
         self.check_rpg_loss_arguments()
         self._check_reference()
+        self._check_kl_control()
         self._warn_on_policy_kl()
         self.check_dynamic_sampling_arguments()
 
@@ -430,6 +514,21 @@ class RPGConfig(RPGLossArguments, DynamicSamplingArguments, GRPOConfig):
             raise ValueError(
                 f"`ref_model_mixup_alpha` must be in (0, 1] (π_ref ← α·π_θ + (1 − α)·π_ref); got "
                 f"{self.ref_model_mixup_alpha}."
+            )
+
+    def _check_kl_control(self) -> None:
+        """The adaptive KL coefficient (`kl_target`), after the KL anchor is resolved."""
+        self.check_kl_control_arguments()
+        if self.kl_target is None or self.kl_anchor != "sampling":
+            return
+        generate_every = self.steps_per_generation * self.num_iterations
+        if self.gradient_accumulation_steps % generate_every == 0:
+            raise ValueError(
+                f"`kl_target` with kl_anchor='sampling' needs optimizer steps on data of an older policy, but every "
+                f"step uses freshly generated data (steps_per_generation * num_iterations = {generate_every} divides "
+                f"gradient_accumulation_steps = {self.gradient_accumulation_steps}): π_θ = π_old at each step, the KL "
+                "estimate is 0 and β could only fall. Raise `steps_per_generation` or `num_iterations`, or anchor the "
+                "KL to a reference model (kl_anchor='reference')."
             )
 
     def _check_unsupported_options(self) -> None:

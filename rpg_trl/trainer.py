@@ -11,6 +11,7 @@ from trl.trainer.utils import get_config_model_id, nanmax, nanmin
 
 from .config import RPGConfig
 from .dynamic_sampling import DynamicSamplingMixin
+from .kl_control import AdaptiveKLCallback
 from .losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
 from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
@@ -34,7 +35,8 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
     explode), which [`~rpg_trl.async_rpg.AsyncRPGTrainer`] shares. RPG's own methods: `_compute_loss` (RPG's per-token
     loss, TRL's masks on the reward term, TRL's normalisers, entropy bonus and metrics), `_save_checkpoint` and
     `_load_optimizer_and_scheduler` (the synced reference of the paper's iterative reference update, Sec. 5,
-    [`RefModelSyncCallback`]).
+    [`RefModelSyncCallback`]). With `kl_target`, [`~rpg_trl.kl_control.AdaptiveKLCallback`] sets β (`rpg_beta`) after
+    every optimizer step from the KL that `_log_rpg_metrics` hands it.
 
     Generation, rewards, vLLM, PEFT, DeepSpeed/FSDP, gradient accumulation and logging are otherwise TRL's.
     """
@@ -82,11 +84,18 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
             args.sync_ref_model = sync_ref_model
         #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
         self.ref_sync_callback = RefModelSyncCallback.install(self)
+        #: The adaptive KL coefficient (`kl_target`), or None: it sets `rpg_beta` after each optimizer step.
+        self.kl_control_callback = AdaptiveKLCallback.install(self)
 
     @property
     def rpg_beta(self) -> float:
         """KL coefficient of the RPG loss (`self.beta` keeps the parent's meaning: "reference log-probs needed")."""
         return self.loss_spec.beta
+
+    @rpg_beta.setter
+    def rpg_beta(self, value: float) -> None:
+        # The one place β changes during training (the adaptive KL coefficient): the loss reads `loss_spec`.
+        self.loss_spec = self.loss_spec.replace(beta=float(value))
 
     def _compute_loss(self, model, inputs):
         args: RPGConfig = self.args
@@ -238,6 +247,8 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
         )
         totals = self.accelerator.reduce(totals, reduction="sum")
         self._observe_reference_kl(mode, totals[0], totals[-1])
+        if mode == "train" and self.kl_control_callback is not None:
+            self.kl_control_callback.observe(totals[0], totals[-1], totals[-3], totals[-2])
         global_count = totals[-1].clamp(min=1.0)
         for i, key in enumerate(means):
             self._metrics[mode][key].append((totals[i] / global_count).item())
@@ -261,6 +272,13 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
         """Hand a training micro-batch's token KL to π_ref (summed over tokens and processes) to the reference sync."""
         if mode == "train" and self.ref_sync_callback is not None:
             self.ref_sync_callback.observe_kl(kl_sum, num_tokens)
+
+    def _load_callback_state(self):
+        # With `restore_callback_states_from_checkpoint=True` transformers replaces each stateful callback by a copy
+        # built from its saved arguments; the KL controller must stay the trainer's own (it restores its state itself).
+        super()._load_callback_state()
+        if self.kl_control_callback is not None:
+            self.kl_control_callback.reinstall(self)
 
     def _save_checkpoint(self, model, trial):
         # A synced reference is training state: it goes into the checkpoint with the optimizer.

@@ -505,6 +505,8 @@ def test_resume_after_sync_continues_like_an_uninterrupted_run(tiny_model_dir, t
     resumed.add_callback(Snapshot())
     resumed.train(resume_from_checkpoint=str(checkpoint))
     assert {k: restored[k] for k in saved} == saved
+    # Restoring put the trainer's own callback back once (a second copy would run every event twice).
+    assert sum(isinstance(cb, RefModelSyncCallback) for cb in resumed.callback_handler.callbacks) == 1
     # The restored reference is the synced one, not the initial model.
     fresh = make_trainer(tiny_model_dir, tmp_path / "c", **kwargs)
     initial_ref = reference_and_policy(fresh)[0]

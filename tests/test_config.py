@@ -75,6 +75,28 @@ INVALID_CONFIGS = [
         dict(kl_anchor="reference", sync_ref_model=True, ref_model_mixup_alpha=0.0),
         "`ref_model_mixup_alpha` must be in (0, 1]",
     ),
+    # the adaptive KL coefficient (KL budget, rpg_trl/kl_control.py)
+    (RPGConfig, dict(kl_target=0.0, steps_per_generation=4), "`kl_target` must be a finite number > 0 or None"),
+    (RPGConfig, dict(kl_target=float("inf"), steps_per_generation=4), "`kl_target` must be a finite number > 0"),
+    (RPGConfig, dict(kl_target=0.1, steps_per_generation=4, beta=0.0), "`kl_target` needs `beta > 0`"),
+    (RPGConfig, dict(kl_target=0.1), "`kl_target` with kl_anchor='sampling' needs optimizer steps"),
+    (RPGConfig, dict(kl_horizon=100.0), "`kl_horizon` sets the adaptive KL coefficient, which only acts with"),
+    (RPGConfig, dict(kl_target=0.1, kl_anchor="reference", kl_horizon=-1.0), "`kl_horizon` must be a finite number"),
+    (RPGConfig, dict(kl_target=0.1, kl_anchor="reference", kl_horizon=1.0), "`kl_horizon` must exceed 0.2 × the"),
+    (RPGConfig, dict(kl_beta_min=1e-6), "`kl_beta_min` sets the adaptive KL coefficient, which only acts with"),
+    (RPGConfig, dict(kl_target=0.1, kl_anchor="reference", kl_beta_min=0.0), "`kl_beta_min` must be a finite number"),
+    (
+        RPGConfig,
+        dict(kl_target=0.1, kl_anchor="reference", kl_beta_min=0.1, kl_beta_max=0.01),
+        "`kl_beta_min` (0.1) must be <= `kl_beta_max` (0.01)",
+    ),
+    (RPGConfig, dict(kl_beta_max=1.0), "`kl_beta_max` sets the adaptive KL coefficient, which only acts with"),
+    (RPGConfig, dict(kl_target=0.1, kl_anchor="reference", kl_beta_max=float("nan")), "`kl_beta_max` must be a"),
+    (
+        RPGConfig,
+        dict(kl_target=0.1, kl_anchor="reference", beta=1.0, kl_beta_max=0.5),
+        "`beta` (the initial coefficient of the adaptive controller) must lie within [kl_beta_min, kl_beta_max]",
+    ),
     # dynamic sampling
     (RPGConfig, dict(dynamic_sampling_max_rounds=0), "`dynamic_sampling_max_rounds` must be an integer >= 1"),
     # sampling, batching and rewards (TRL accepts these and fails, or produces NaN, later)
@@ -100,6 +122,10 @@ INVALID_CONFIGS = [
     (AsyncRPGConfig, dict(kl_importance_weight=False, divergence="fkl"), "`kl_importance_weight=False` is the"),
     (AsyncRPGConfig, dict(kl_level="sequence"), "`kl_level='sequence'` is not available with AsyncRPGTrainer"),
     (AsyncRPGConfig, dict(importance_weight_warning_threshold=1.0), "`importance_weight_warning_threshold` must be"),
+    (AsyncRPGConfig, dict(kl_target=0.1), "`kl_target` (the adaptive KL coefficient) is not available with AsyncRPG"),
+    (AsyncRPGConfig, dict(kl_horizon=100.0), "`kl_horizon` sets the adaptive KL coefficient, which only acts with"),
+    (AsyncRPGConfig, dict(kl_beta_min=1e-6), "`kl_beta_min` sets the adaptive KL coefficient, which only acts with"),
+    (AsyncRPGConfig, dict(kl_beta_max=1.0), "`kl_beta_max` sets the adaptive KL coefficient, which only acts with"),
     # REINFORCE++ (a baseline of the paper)
     (ReinforcePlusPlusConfig, dict(advantage_estimator="rloo"), "`advantage_estimator` must be one of"),
     (ReinforcePlusPlusConfig, dict(kl_penalty="both"), "`kl_penalty` must be one of ['reward', 'loss']"),

@@ -6,6 +6,7 @@ multi-process tests are in `tests/test_multiprocess.py`, the units of `rpg_trl/r
 in `docs/guarantees.md`.
 """
 
+import json
 import logging
 import math
 import shutil
@@ -30,6 +31,7 @@ from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE
 from rpg_trl.toy import build_char_tokenizer, make_fixed_rollout
 
 from helpers import crash_worker
+from helpers.crash_worker import MAX_STEPS
 from helpers.tiny_runs import quiet_cpu_args, rpg_warnings
 
 
@@ -111,7 +113,7 @@ def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
     checkpoint = run_dir / "checkpoint-4"
     # Step 4 is inside a generation cycle (generation every 3 steps): the buffered batch is in the checkpoint.
     assert torch.load(checkpoint / GENERATION_STATE_FILE, weights_only=True)["buffered_inputs"] is not None
-    if scenario == "reference-sync":  # the reference synced at step 3 is in the checkpoint too
+    if scenario in ("reference-sync", "kl-budget"):  # the reference synced at step 3 is in the checkpoint too
         assert (checkpoint / "rpg_reference.safetensors").is_file()
 
     resumed = crash_worker.run(tiny_model_dir, run_dir, scenario, resume=True)
@@ -123,8 +125,13 @@ def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
     assert resumed["policy"] == full["policy"]  # bit-identical final weights
     assert resumed["reference"] == full["reference"]
     assert resumed["syncs"] == full["syncs"]
-    if scenario == "reference-sync":
+    if scenario in ("reference-sync", "kl-budget"):
         assert full["syncs"] == [3, 6] and all(h["kl"] > 0 for h in after_resumed[:3])
+    if scenario == "kl-budget":  # β moved, and the checkpoint holds the β that step 5 used
+        betas = [h["beta"] for h in full["log_history"] if "beta" in h]
+        assert len(set(betas)) == len(betas) == MAX_STEPS and betas[0] == 0.05
+        state = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]
+        assert state["AdaptiveKLCallback"]["attributes"]["beta"] == betas[4]
 
 
 def test_resume_without_the_saved_generation_state_warns_and_is_not_exact(

@@ -7,11 +7,11 @@ from dataclasses import dataclass
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from ..config import RPGLossArguments
+from ..config import KLControlArguments, RPGLossArguments
 
 
 @dataclass
-class AsyncRPGConfig(RPGLossArguments, AsyncGRPOConfig):
+class AsyncRPGConfig(RPGLossArguments, KLControlArguments, AsyncGRPOConfig):
     r"""
     Configuration class for the [`AsyncRPGTrainer`].
 
@@ -27,7 +27,8 @@ class AsyncRPGConfig(RPGLossArguments, AsyncGRPOConfig):
     log-probabilities the rollout sample carries, and the default KL anchor is that policy (`kl_anchor="sampling"`,
     π_ref = π_old, no reference model). `kl_anchor="reference"` (with `beta > 0`) anchors the KL to a frozen copy of the
     initial model instead (the base model with PEFT). The loss is a token mean over each micro-batch, AsyncGRPO's
-    normaliser; there is no `aggregation` field and importance weights are per token.
+    normaliser; there is no `aggregation` field and importance weights are per token. The adaptive KL coefficient
+    (`kl_target`) is refused: β is fixed here.
     """
 
     def __post_init__(self):
@@ -40,3 +41,10 @@ class AsyncRPGConfig(RPGLossArguments, AsyncGRPOConfig):
                 "in order. Use kl_level='token' here, or RPGTrainer for kl_level='sequence'."
             )
         self.check_kl_anchor(reference_requested=False)
+        if self.kl_target is not None:
+            raise ValueError(
+                "`kl_target` (the adaptive KL coefficient) is not available with AsyncRPGTrainer: its controller runs "
+                "in RPGTrainer only, and the asynchronous trainer keeps a fixed `beta`. Use RPGTrainer for a KL budget, "
+                "or unset `kl_target`."
+            )
+        self.check_kl_control_arguments()

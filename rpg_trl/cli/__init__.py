@@ -42,6 +42,7 @@ SUBCOMMAND_MODULES = (
     "rpg_trl.cli.bench_algos",
     "rpg_trl.cli.bench_optimum",
     "rpg_trl.cli.bench_async",
+    "rpg_trl.cli.kl_budget",
 )
 #: Subcommand modules registered only when present and importable.
 OPTIONAL_SUBCOMMAND_MODULES = ("rpg_trl.cli.bench_speed",)

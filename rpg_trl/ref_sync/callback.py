@@ -241,9 +241,14 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         (`restore_callback_states_from_checkpoint=True`); restores the state whatever that flag says, since the
         reference weights are always restored."""
         callbacks = trainer.callback_handler.callbacks
-        mine = [i for i, cb in enumerate(callbacks) if isinstance(cb, RefModelSyncCallback)]
-        callbacks.insert(mine[0] if mine else len(callbacks), self)
-        callbacks[:] = [cb for cb in callbacks if cb is self or not isinstance(cb, RefModelSyncCallback)]
+        kept, placed = [], False
+        for callback in callbacks:  # this instance, once (it may be there already), in the place of the first
+            if not isinstance(callback, RefModelSyncCallback):
+                kept.append(callback)
+            elif not placed:
+                kept.append(self)
+                placed = True
+        callbacks[:] = kept if placed else [*kept, self]
         self.bind(trainer)
         name = type(self).__name__
         stored = trainer.state.stateful_callbacks.get(name)

@@ -9,7 +9,8 @@ resumed run in its own process with [`run`], and the crashing run here, with the
 Every run samples completions for real (temperature 1), generates every `steps_per_generation = 3` steps and saves
 every 2 steps, so that the checkpoint of step 4 falls inside a generation cycle: the resumed run must continue with
 the buffered batch, the optimizer (AdamW), the scheduler (linear with warm-up), the RNG and, for the
-"reference-sync" scenario, the reference model synced at step 3 and the state of the sync callback.
+"reference-sync" and "kl-budget" scenarios, the reference model synced at step 3 and the state of the sync callback
+(and, for "kl-budget", of the adaptive KL coefficient).
 """
 
 import argparse
@@ -39,6 +40,11 @@ SCENARIOS = {
     "sampling": dict(kl_anchor="sampling"),
     # A separate reference, synced to the policy every 3 steps (at step 3 and 6; at generation boundaries only).
     "reference-sync": dict(kl_anchor="reference", sync_ref_model=True, ref_model_sync_steps=3),
+    # The same, with a KL budget: β moves after every step (±10% at most: 4 samples per step, horizon 8) and the
+    # controller's state is in each checkpoint's trainer_state.json.
+    "kl-budget": dict(
+        kl_anchor="reference", sync_ref_model=True, ref_model_sync_steps=3, kl_target=0.01, kl_horizon=8.0
+    ),
 }
 
 

@@ -1,0 +1,303 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+r"""A KL budget: the adaptive KL coefficient (target KL) of Ziegler et al. (2019), on RPG's importance-weighted KL.
+
+RPG maximises `J(θ) = E_{π_θ}[R] − β·D(π_θ, π_ref)` (paper Sec. 2-3) with a fixed β. A KL budget asks instead for the
+reward under the constraint `D ≤ δ` (`kl_target`): the controller of Ziegler et al. (2019, "Fine-Tuning Language
+Models from Human Preferences", Sec. 2.2), as verl (`algorithm.kl_ctrl.type: adaptive`), OpenRLHF (`--kl_target`) and
+ROLL implement it, raises β while the measured divergence exceeds δ and lowers it otherwise. After each optimizer step,
+with `KL` the divergence measured on that step and `n` the number of samples (completions) the step trained on:
+
+    e = clip(KL / δ − 1, −0.2, 0.2)
+    β ← clip(β · (1 + e · n / H), β_min, β_max)
+
+`H` is the horizon (`kl_horizon`, in samples; verl's and OpenRLHF's default 10000): over `H` samples a persistent error
+`e` changes β by a factor of about `exp(e)`. The update is verl's `AdaptiveKLController.update(current_kl, n_steps)`,
+made once per optimizer step. It is a multiplicative dual ascent on the constraint `D ≤ δ`: β is the Lagrange
+multiplier of the budget.
+
+The KL is RPG's: the importance-weighted estimate `S` of the chosen divergence (the table of docs/design.md,
+`E_old[S] = D(π_θ, π_ref)`), which measures the current policy even when the batch was sampled by an older one (Sec. 3).
+With `kl_level="token"` it is the logged `kl` (token mean over the step's micro-batches and all processes); with
+`kl_level="sequence"` it is `kl/sequence` (the whole-completion estimate, averaged over the step's completions), and
+the target is then a KL per completion.
+
+[`AdaptiveKLController`] holds the rule and its state (plain Python, testable without a trainer);
+[`AdaptiveKLCallback`] runs it inside a `transformers` Trainer: it writes β into the trainer's loss specification
+(`trainer.rpg_beta`), which the loss reads at every micro-batch, logs `beta`, and exports its state to each checkpoint's
+`trainer_state.json`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+from transformers.utils import logging
+
+
+__all__ = ["KL_ERROR_CLIP", "AdaptiveKLCallback", "AdaptiveKLController"]
+
+logger = logging.get_logger(__name__)
+
+#: The proportional error is clipped to ±0.2 (Ziegler et al., 2019; verl; OpenRLHF).
+KL_ERROR_CLIP = 0.2
+#: The state exported to `trainer_state.json`.
+STATE_ATTRIBUTES = ("beta", "last_kl", "num_updates")
+
+
+def _positive(name: str, value, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < value < math.inf):
+        suffix = " or None" if allow_none else ""
+        raise ValueError(f"`{name}` must be a finite number > 0{suffix}; got {value!r}.")
+
+
+class AdaptiveKLController:
+    r"""
+    The proportional KL controller (Ziegler et al., 2019, Sec. 2.2; verl's `AdaptiveKLController`), with a floor and a
+    ceiling: after an optimizer step that measured the divergence `kl` on `n_samples` samples,
+    `β ← clip(β·(1 + clip(kl/target − 1, −0.2, 0.2)·n_samples/horizon), beta_min, beta_max)`.
+
+    Args:
+        beta (`float`):
+            Initial β > 0 (a multiplicative update cannot leave 0).
+        target (`float`):
+            δ > 0, the divergence to hold.
+        horizon (`float`, *optional*, defaults to `10000`):
+            H > 0, in samples: the update multiplies β by at most `1 ± 0.2·n_samples/H`.
+        beta_min, beta_max (`float`, *optional*):
+            Floor and ceiling of β (`None`: none). `beta` must lie within them.
+    """
+
+    def __init__(
+        self,
+        beta: float,
+        target: float,
+        horizon: float = 10000.0,
+        beta_min: float | None = None,
+        beta_max: float | None = None,
+    ):
+        _positive("beta", beta)
+        _positive("target", target)
+        _positive("horizon", horizon)
+        _positive("beta_min", beta_min, allow_none=True)
+        _positive("beta_max", beta_max, allow_none=True)
+        low = 0.0 if beta_min is None else beta_min
+        high = math.inf if beta_max is None else beta_max
+        if low > high:
+            raise ValueError(f"`beta_min` ({beta_min}) must be <= `beta_max` ({beta_max}).")
+        if not low <= beta <= high:
+            raise ValueError(
+                f"`beta` (the initial β) must lie within [beta_min, beta_max] = [{low}, {high}]; got {beta}."
+            )
+        self.initial_beta = float(beta)
+        self.target = float(target)
+        self.horizon = float(horizon)
+        self.beta_min = beta_min
+        self.beta_max = beta_max
+        #: The current coefficient.
+        self.beta = float(beta)
+        #: The divergence of the last update (`None` before the first).
+        self.last_kl: float | None = None
+        self.num_updates = 0
+
+    def update(self, kl: float, n_samples: int) -> float:
+        """Move β after an optimizer step that measured the divergence `kl` on `n_samples` samples; return the new β.
+        A non-finite `kl` leaves β unchanged."""
+        kl = float(kl)
+        if not math.isfinite(kl):
+            return self.beta
+        error = min(max(kl / self.target - 1.0, -KL_ERROR_CLIP), KL_ERROR_CLIP)
+        beta = self.beta * (1.0 + error * n_samples / self.horizon)
+        if self.beta_min is not None:
+            beta = max(beta, self.beta_min)
+        if self.beta_max is not None:
+            beta = min(beta, self.beta_max)
+        if not beta > 0.0:
+            raise ValueError(
+                f"The KL controller's update made β = {beta} <= 0 ({n_samples} samples per update with horizon "
+                f"{self.horizon:g}): the horizon must exceed {KL_ERROR_CLIP} × the samples per update."
+            )
+        self.beta = beta
+        self.last_kl = kl
+        self.num_updates += 1
+        return beta
+
+    def arguments(self) -> dict:
+        return {
+            "beta": self.initial_beta,
+            "target": self.target,
+            "horizon": self.horizon,
+            "beta_min": self.beta_min,
+            "beta_max": self.beta_max,
+        }
+
+    def attributes(self) -> dict:
+        """The state to export (`trainer_state.json`): [`STATE_ATTRIBUTES`]."""
+        return {"beta": self.beta, "last_kl": self.last_kl, "num_updates": self.num_updates}
+
+    def load_attributes(self, attributes: dict) -> None:
+        """Restore an exported state; refuses unknown keys (a state that is not this controller's)."""
+        unknown = set(attributes) - set(STATE_ATTRIBUTES)
+        if unknown:
+            raise ValueError(
+                f"Unknown KL-controller state {sorted(unknown)}; expected some of {list(STATE_ATTRIBUTES)}."
+            )
+        for key, value in attributes.items():
+            setattr(self, key, value)
+
+
+def _controller_attribute(name: str, doc: str) -> property:
+    """An attribute of the callback kept by its controller (transformers restores an exported state with `setattr`)."""
+
+    def set_value(self, value):
+        setattr(self.controller, name, value)
+
+    return property(lambda self: getattr(self.controller, name), set_value, doc=doc)
+
+
+class AdaptiveKLCallback(TrainerCallback, ExportableState):
+    r"""
+    Runs [`AdaptiveKLController`] in an [`~rpg_trl.RPGTrainer`]: the trainer hands it the KL of every training
+    micro-batch, summed over tokens (and completions) and over all processes ([`observe`]); at the end of each
+    optimizer step it updates β from the step's divergence (the token mean, or with `level="sequence"` the completion
+    mean) and `n` = `per_device_train_batch_size × gradient_accumulation_steps × processes` samples, and sets
+    `trainer.rpg_beta`, which the next step's loss uses. Every process computes the same β from the same reduced
+    sums. `beta` (the coefficient the step's loss used) and `kl_control/kl` (the divergence the controller saw) are
+    logged at every step.
+
+    The state (β, the last KL, the number of updates) is exported to each checkpoint's `trainer_state.json`
+    (`stateful_callbacks`) and restored from it when training resumes, whatever `restore_callback_states_from_checkpoint`
+    says. [`install`] creates it from the configuration (`kl_target`, `kl_horizon`, `kl_beta_min`, `kl_beta_max`).
+
+    Args:
+        trainer ([`~rpg_trl.RPGTrainer`], *optional*):
+            The trainer whose β to control. `None` only while transformers rebuilds the callback from a checkpoint.
+        beta, target, horizon, beta_min, beta_max:
+            The [`AdaptiveKLController`]'s.
+        level (`str`, *optional*, defaults to `"token"`):
+            `"token"`: control the per-token estimate (`kl`); `"sequence"`: the whole-completion estimate
+            (`kl/sequence`).
+    """
+
+    beta = _controller_attribute("beta", "The current β.")
+    last_kl = _controller_attribute("last_kl", "The divergence of the last update.")
+    num_updates = _controller_attribute("num_updates", "Number of updates so far.")
+
+    def __init__(
+        self,
+        trainer=None,
+        beta: float = 1e-4,
+        target: float = 0.1,
+        horizon: float = 10000.0,
+        beta_min: float | None = None,
+        beta_max: float | None = None,
+        level: str = "token",
+    ):
+        if level not in ("token", "sequence"):
+            raise ValueError(f"`level` must be 'token' or 'sequence'; got {level!r}.")
+        self.controller = AdaptiveKLController(beta, target, horizon, beta_min=beta_min, beta_max=beta_max)
+        self.level = level
+        self._kl_sum = 0.0
+        self._kl_count = 0.0
+        self.trainer = None
+        if trainer is not None:
+            self.bind(trainer)
+
+    @classmethod
+    def install(cls, trainer) -> AdaptiveKLCallback | None:
+        """Add the callback to `trainer` when `trainer.args.kl_target` is set; return it, or `None`."""
+        args = trainer.args
+        if getattr(args, "kl_target", None) is None:
+            return None
+        callback = cls(
+            trainer,
+            beta=args.beta,
+            target=args.kl_target,
+            horizon=args.kl_horizon,
+            beta_min=args.kl_beta_min,
+            beta_max=args.kl_beta_max,
+            level=args.kl_level,
+        )
+        trainer.add_callback(callback)
+        return callback
+
+    def bind(self, trainer) -> None:
+        """Attach the trainer."""
+        self.trainer = trainer
+
+    def reinstall(self, trainer) -> None:
+        """Make this instance the trainer's KL controller again if transformers replaced it by a copy rebuilt from the
+        saved arguments (`restore_callback_states_from_checkpoint=True`); the state is restored in `on_train_begin`."""
+        callbacks = trainer.callback_handler.callbacks
+        kept, placed = [], False
+        for callback in callbacks:  # this instance, once, in the place of the first AdaptiveKLCallback
+            if not isinstance(callback, AdaptiveKLCallback):
+                kept.append(callback)
+            elif not placed:
+                kept.append(self)
+                placed = True
+        callbacks[:] = kept if placed else [*kept, self]
+        self.bind(trainer)
+
+    # ------------------------------------------------------------------------------------------------ KL
+    def observe(self, token_kl_sum, num_tokens, sequence_kl_sum, num_sequences) -> None:
+        """Add one training micro-batch's KL: the per-token estimate summed over `num_tokens` tokens and the
+        whole-completion estimate summed over `num_sequences` completions, all summed over processes (numbers or 0-d
+        tensors). A micro-batch without tokens or with a non-finite sum adds nothing."""
+        kl_sum, count = (token_kl_sum, num_tokens) if self.level == "token" else (sequence_kl_sum, num_sequences)
+        kl_sum, count = float(kl_sum), float(count)
+        if count > 0 and math.isfinite(kl_sum):
+            self._kl_sum += kl_sum
+            self._kl_count += count
+
+    def step_kl(self) -> float | None:
+        """The divergence observed since the last optimizer step (`None`: nothing observed)."""
+        return self._kl_sum / self._kl_count if self._kl_count > 0 else None
+
+    # ------------------------------------------------------------------------------------------------ events
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.trainer is None:
+            raise RuntimeError(
+                "AdaptiveKLCallback has no trainer: it was rebuilt from a checkpoint without `bind(trainer)`. "
+                "RPGTrainer does this itself; with another trainer call `callback.reinstall(trainer)` before `train()`."
+            )
+        self._kl_sum = self._kl_count = 0.0
+        # A new run starts from the configured β; a resumed one from the β of its checkpoint.
+        self.controller.load_attributes({"beta": self.controller.initial_beta, "last_kl": None, "num_updates": 0})
+        if state.global_step > 0:
+            stored = (state.stateful_callbacks or {}).get(type(self).__name__)
+            if isinstance(stored, list):
+                stored = stored[0]
+            if isinstance(stored, dict) and stored.get("attributes"):
+                self.controller.load_attributes(stored["attributes"])
+            else:
+                logger.warning(
+                    f"Resuming at step {state.global_step} from a checkpoint without the KL controller's state "
+                    f"(AdaptiveKLCallback): β restarts from beta = {self.controller.initial_beta:g}."
+                )
+                state.stateful_callbacks[type(self).__name__] = self.state()  # where the next checkpoint writes it
+        self.trainer.rpg_beta = self.controller.beta
+
+    def on_step_end(self, args, state, control, **kwargs):
+        used = self.controller.beta
+        kl = self.step_kl()
+        self._kl_sum = self._kl_count = 0.0
+        if kl is not None:
+            n_samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
+            n_samples *= self.trainer.accelerator.num_processes
+            self.trainer.rpg_beta = self.controller.update(kl, n_samples)
+        metrics = self.trainer._metrics["train"]
+        metrics["beta"] = [used]  # the coefficient this step's loss used, whatever the logging interval
+        if kl is not None:
+            metrics["kl_control/kl"] = [kl]
+
+    # ------------------------------------------------------------------------------------------------ checkpoints
+    def state(self) -> dict:
+        return {
+            "args": {**self.controller.arguments(), "level": self.level},
+            "attributes": self.controller.attributes(),
+        }

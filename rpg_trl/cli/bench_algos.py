@@ -89,7 +89,7 @@ PRESETS = {
         "eval_every": 32,
         "algorithms": list(ALGORITHMS),
         "kl_arms": None,  # all of rpg_trl.cli.bench_kl.KL_ARMS
-        "kl_betas": [0.05, 0.1, 0.2],
+        "kl_betas": [0.2],
     },
     "quick": {
         **{k: v for k, v in WARM_START_PRESETS["quick"].items() if k != "seeds"},

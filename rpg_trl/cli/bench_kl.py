@@ -126,8 +126,8 @@ def _kl_jobs(args, sft_dirs, arms, betas, seeds, root: Path) -> list[tuple[dict,
 
 def run_kl_table(args, sft_dirs: dict[int, str], pool) -> dict:
     """
-    The KL table: the regularised arms at every β of ``args.kl_betas`` on the selection seeds, the β with the highest
-    mean true reward at the end over all of them ([`rpg_trl.cli.protocol.select_best`]; one β for every arm, so that
+    The KL table: the regularised arms at every β of ``args.kl_betas`` on the selection seeds (none with a single
+    β), the β with the highest mean true reward at the end over all of them ([`rpg_trl.cli.protocol.select_best`]; one β for every arm, so that
     the arms differ by their estimator only), then every arm of ``args.kl_arms`` at that β on the final seeds.
     Returns the selection, the chosen β, the final runs and the rows of [`summarize_kl`].
     """
@@ -137,7 +137,9 @@ def run_kl_table(args, sft_dirs: dict[int, str], pool) -> dict:
     root = Path(args.output_dir) / "kl"
     common = {"pool": pool, "num_threads": args.num_threads, "describe": _describe}
     regularised = [arm for arm in args.kl_arms if KL_ARMS[arm].get("beta") != 0.0]
-    selection_jobs = _kl_jobs(args, sft_dirs, regularised, args.kl_betas, args.selection_seeds, root)
+    # A grid of one β selects nothing: no selection runs then.
+    betas = args.kl_betas if len(args.kl_betas) > 1 else []
+    selection_jobs = _kl_jobs(args, sft_dirs, regularised, betas, args.selection_seeds, root)
     selection = run_jobs(selection_jobs, kl_job, desc="KL table: selection runs", **common)
     scores: dict[float, list[float]] = {}
     for (spec, _), result in zip(selection_jobs, selection):

@@ -113,16 +113,16 @@ def _absent_parts(checkpoint: str, world_size: int | None, save_only_model: bool
         absent.append(TRAINER_STATE)
     if not _has_weights(checkpoint):
         absent.append("the model weights (" + " / ".join(WEIGHT_FILES[:2]) + " / ...)")
-    if not save_only_model:
-        if not _has_optimizer(checkpoint):
-            absent.append("the optimizer state (optimizer.pt or the DeepSpeed/FSDP optimizer files)")
-        if world_size is None:  # the processes that wrote RNG files: 0..max must all be there
-            indices = [int(m.group(1)) for n in os.listdir(checkpoint) if (m := re.match(r"rng_state_(\d+)\.pth$", n))]
-            names = [f"rng_state_{i}.pth" for i in range(max(indices) + 1)] if indices else []
-        else:
-            names = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
-        absent += [name for name in names if not os.path.isfile(os.path.join(checkpoint, name))]
-    return absent
+    if not save_only_model and not _has_optimizer(checkpoint):
+        absent.append("the optimizer state (optimizer.pt or the DeepSpeed/FSDP optimizer files)")
+    if world_size is None:  # the processes that wrote RNG files: 0..max must all be there
+        indices = [int(m.group(1)) for n in os.listdir(checkpoint) if (m := re.match(r"rng_state_(\d+)\.pth$", n))]
+        names = [f"rng_state_{i}.pth" for i in range(max(indices) + 1)] if indices else []
+    elif save_only_model:  # no RNG state is written
+        names = []
+    else:
+        names = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
+    return absent + [name for name in names if not os.path.isfile(os.path.join(checkpoint, name))]
 
 
 def checkpoint_problems(checkpoint: str) -> list[str]:

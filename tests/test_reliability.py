@@ -148,6 +148,7 @@ def test_each_process_saves_its_own_generation_state_and_a_mismatched_layout_fal
     assert [p.name for p in tmp_path.iterdir()] == ["rpg_generation_state_1.pt"]  # like rng_state_{rank}.pth
     restored = _fake_trainer(step=0)
     restored._buffered_inputs = None
+    restored.accelerator.device = torch.device("cpu", 1)  # a 2-process CPU run's device, which torch.load refuses
     assert load_generation_state(restored, str(tmp_path))
     assert restored._step == 4
     assert torch.equal(restored._buffered_inputs[2]["completion_ids"], torch.arange(6).view(2, 3) + 2)

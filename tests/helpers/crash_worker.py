@@ -50,23 +50,20 @@ def digit_reward(completions, **kwargs):
 
 def make_config(output_dir, scenario: str, **overrides) -> RPGConfig:
     """The run's configuration; `overrides` add to or replace its fields."""
-    return RPGConfig(
-        **quiet_cpu_args(
-            output_dir,
-            per_device_train_batch_size=4,
-            num_generations=4,
-            max_completion_length=8,
-            steps_per_generation=3,
-            max_steps=MAX_STEPS,
-            save_strategy="steps",
-            save_steps=SAVE_STEPS,
-            learning_rate=5e-2,
-            warmup_steps=2,
-            lr_scheduler_type="linear",
-            beta=0.05,
-            **{**SCENARIOS[scenario], **overrides},
-        )
+    settings = dict(
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=8,
+        steps_per_generation=3,
+        max_steps=MAX_STEPS,
+        save_strategy="steps",
+        save_steps=SAVE_STEPS,
+        learning_rate=5e-2,
+        warmup_steps=2,
+        lr_scheduler_type="linear",
+        beta=0.05,
     )
+    return RPGConfig(**quiet_cpu_args(output_dir, **{**settings, **SCENARIOS[scenario], **overrides}))
 
 
 class KillAt(TrainerCallback):
@@ -93,7 +90,7 @@ def run(
     model_dir, output_dir, scenario: str, *, resume: bool | str = False, crash_at: int | None = None, **overrides
 ) -> dict:
     """Train (or resume from the newest complete checkpoint in `output_dir`, or from the checkpoint `resume` names);
-    return the log history and weight digests (those of process 0 with several processes)."""
+    return the log history, the weight digests and the process layout (what process 0 saw, with several)."""
     trainer = RPGTrainer(
         model_dir,
         digit_reward,
@@ -109,6 +106,9 @@ def run(
         "policy": digest(trainer.accelerator.unwrap_model(trainer.model)),
         "reference": None if ref is None else digest(trainer.accelerator.unwrap_model(ref)),
         "syncs": None if trainer.ref_sync_callback is None else list(trainer.ref_sync_callback.sync_history),
+        "process_index": trainer.accelerator.process_index,
+        "num_processes": trainer.accelerator.num_processes,
+        "distributed_type": trainer.accelerator.distributed_type.value,
     }
 
 

@@ -35,19 +35,8 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true")
     opts = parser.parse_args()
     install_from_env()
-    captured = {}
-    original_run_train = crash_worker.RPGTrainer.train
-
-    def train(trainer, *args, **kwargs):  # keep the trainer, for its process index and back-end
-        captured["trainer"] = trainer
-        return original_run_train(trainer, *args, **kwargs)
-
-    crash_worker.RPGTrainer.train = train
     result = crash_worker.run(opts.model_dir, opts.output_dir, "sampling", resume=opts.resume, max_steps=MAX_STEPS)
-    accelerator = captured["trainer"].accelerator
-    if accelerator.is_main_process:
-        result["distributed_type"] = accelerator.distributed_type.value
-        result["num_processes"] = accelerator.num_processes
+    if result["process_index"] == 0:
         with open(os.path.join(opts.output_dir, "result.json"), "w") as f:
             json.dump(result, f)
 

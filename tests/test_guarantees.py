@@ -35,8 +35,8 @@ from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE
 from rpg_trl.toy import build_char_tokenizer, make_fixed_rollout
 
 from helpers import crash_worker, save_faults
-from helpers.tiny_runs import quiet_cpu_args, rpg_warnings
 from helpers.tiny_runs import make_trainer as make_tiny_trainer
+from helpers.tiny_runs import quiet_cpu_args, rpg_warnings
 
 
 TOKENIZER = build_char_tokenizer()

@@ -160,8 +160,9 @@ def _launch(model_dir, output_dir, *, kill=None, resume=False, zero2=False):
         env.update({save_faults.ENV: kill, "RPG_TEST_KILL_STAMP": str(stamp)})
     script = [str(CRASH_WORKER), str(model_dir), str(output_dir), *(["--resume"] if resume else [])]
     if zero2:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file"]
-        cmd += [str(ROOT / "accelerate_configs" / "deepspeed_zero2.yaml"), "--num_processes", "2", "--num_machines", "1"]
+        config = ROOT / "accelerate_configs" / "deepspeed_zero2.yaml"
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+        cmd += ["--num_processes", "2", "--num_machines", "1"]
         cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port())]
         cmd += [str(ROOT / "tests" / "helpers" / "cpu_launch.py"), *script]
         env["TORCH_EXTENSIONS_DIR"] = str(Path(output_dir).parent / "torch_extensions")

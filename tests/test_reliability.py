@@ -7,8 +7,9 @@ rotation makes of incomplete folders (`checkpoints.py`), the generation state sa
 import asyncio
 import json
 import logging
-import os
 import math
+import os
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -18,7 +19,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from transformers.trainer_utils import rotate_checkpoints
 
 from rpg_trl.reliability import RewardFunctionError, RewardGuard
@@ -51,14 +51,18 @@ def _folder(root, step, files=(), record=None):
 
 def test_a_checkpoint_counts_when_committed_or_when_transformers_finished_it(tmp_path, caplog):
     transformers_done = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"]
-    files = {name: 1 for name in transformers_done}
+    files = dict.fromkeys(transformers_done, 1)
     legacy = _folder(tmp_path, 1, transformers_done)  # GRPOTrainer's: no record, trainer_state.json written last
     legacy_half = _folder(tmp_path, 2, ["model.safetensors", "optimizer.pt"])
-    legacy_ranks = _folder(tmp_path, 3, [*transformers_done[:3], "rng_state_0.pth", "rng_state_2.pth", "trainer_state.json"])
+    legacy_ranks = _folder(
+        tmp_path, 3, [*transformers_done[:3], "rng_state_0.pth", "rng_state_2.pth", "trainer_state.json"]
+    )
     committed = _folder(tmp_path, 4, transformers_done, {"complete": True, "files": files})
     pending = _folder(tmp_path, 5, ["model.safetensors"], {"complete": False, "world_size": 2})
     lost_file = _folder(tmp_path, 6, transformers_done[:-1], {"complete": True, "files": files})
-    truncated = _folder(tmp_path, 7, [*transformers_done[:-1], ("trainer_state.json", "")], {"complete": True, "files": files})
+    truncated = _folder(
+        tmp_path, 7, [*transformers_done[:-1], ("trainer_state.json", "")], {"complete": True, "files": files}
+    )
     zero3 = _folder(tmp_path, 8, ["global_step8/zero_pp_rank_0_mp_rank_00_optim_states.pt", "trainer_state.json"])
 
     assert checkpoint_problems(legacy) == checkpoint_problems(committed) == checkpoint_problems(zero3) == []
@@ -77,13 +81,17 @@ def test_a_checkpoint_counts_when_committed_or_when_transformers_finished_it(tmp
     # True: the newest complete one, each newer incomplete folder named in a warning with what it lacks.
     with caplog.at_level(logging.WARNING):
         assert resolve_resume_checkpoint(True, str(tmp_path)) == zero3
-        shutil_rmtree(zero3)
+        shutil.rmtree(zero3)
         assert resolve_resume_checkpoint(True, str(tmp_path)) == committed
     warnings = [m for m in rpg_warnings(caplog) if "incomplete checkpoint" in m]
-    assert [w.split(":")[0] for w in warnings] == [f"Skipping the incomplete checkpoint {f}" for f in (truncated, lost_file, pending)]
+    assert [w.split(":")[0] for w in warnings] == [
+        f"Skipping the incomplete checkpoint {f}" for f in (truncated, lost_file, pending)
+    ]
     assert "rng_state_1.pth" in warnings[2] and "trainer_state.json as committed" in warnings[0]
     # A path: refused when incomplete, listing what it lacks; left to transformers when it is no folder.
-    with pytest.raises(ValueError, match=r"checkpoint-5: the checkpoint is incomplete .* lacks its commit .*rng_state_1"):
+    with pytest.raises(
+        ValueError, match=r"checkpoint-5: the checkpoint is incomplete .* lacks its commit .*rng_state_1"
+    ):
         resolve_resume_checkpoint(pending, str(tmp_path))
     assert resolve_resume_checkpoint(legacy, str(tmp_path)) == legacy
     assert resolve_resume_checkpoint(str(tmp_path / "missing"), str(tmp_path)) == str(tmp_path / "missing")
@@ -92,16 +100,8 @@ def test_a_checkpoint_counts_when_committed_or_when_transformers_finished_it(tmp
         resolve_resume_checkpoint(True, str(_only(tmp_path / "other", legacy_half)))
 
 
-def shutil_rmtree(path):
-    import shutil
-
-    shutil.rmtree(path)
-
-
 def _only(root, folder):
     """`root` holding a copy of the checkpoint `folder` alone."""
-    import shutil
-
     shutil.copytree(folder, root / os.path.basename(folder))
     return root
 

@@ -74,7 +74,8 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, A
 
     Rollouts, vLLM, weight sync, packing, PEFT, FSDP and the rest of the pipeline are inherited unchanged. With
     `beta=0`, `estimator="differentiable"` and a `clip_c` too large to act, the loss and its gradient are
-    AsyncGRPOTrainer's (RPG-Style Clip reduces to PPO's clip).
+    AsyncGRPOTrainer's (RPG-Style Clip reduces to PPO's clip). Checkpoints count once every process has written them
+    ([`~rpg_trl.reliability.checkpoints.CommittedCheckpointsMixin`], as for [`~rpg_trl.RPGTrainer`]).
     """
 
     _tag_names = ["trl", "async-grpo", "rpg"]

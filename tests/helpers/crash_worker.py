@@ -82,7 +82,7 @@ def digest(module) -> str:
     h = hashlib.sha256()
     for name, param in sorted(module.state_dict().items()):
         h.update(name.encode())
-        h.update(param.detach().cpu().contiguous().numpy().tobytes())
+        h.update(param.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())  # any dtype
     return h.hexdigest()
 
 

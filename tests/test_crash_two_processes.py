@@ -39,7 +39,7 @@ CRASH_WORKER = Path(save_crash_two_proc.__file__)
 #: How long a 2-process job may take to end after one of its processes was killed. torchrun's elastic agent (which
 #: `accelerate launch` runs too) sees the dead worker within its monitor interval (0.1 s), sends SIGTERM to the others
 #: and SIGKILLs those still alive 30 s later: the job ends within ~30 s whatever the survivors are doing (blocked in a
-#: collective included). Measured on a 2-core CPU: 0.7-1.0 s (docs/guarantees.md).
+#: collective included). Measured on a 2-core CPU: 0.7-1.1 s (docs/guarantees.md).
 END_WITHIN_SECONDS = 45
 
 

@@ -246,9 +246,10 @@ def _committed_files(checkpoint: str) -> dict[str, int]:
     return files
 
 
-def begin_checkpoint(trainer, checkpoint: str) -> None:
-    """Mark `checkpoint` as being written (on the saving processes), then wait until every process got here, so that
-    no process writes into a folder that still claims to be complete (a folder re-saved at the same step)."""
+def mark_being_written(trainer, checkpoint: str) -> None:
+    """Record, on the saving processes, that `checkpoint` is being written (`"complete": false`). Called first by
+    [`begin_checkpoint`], and by a part of the trainer that writes into the folder before it (RPG's synced
+    reference), so that a folder re-saved at the same step never claims to be complete while it is rewritten."""
     args = trainer.args
     if args.should_save:
         os.makedirs(checkpoint, exist_ok=True)
@@ -259,6 +260,12 @@ def begin_checkpoint(trainer, checkpoint: str) -> None:
             "save_only_model": bool(args.save_only_model),
         }
         _write_json_atomically(os.path.join(checkpoint, COMMIT_RECORD), record, f"p{args.process_index}")
+
+
+def begin_checkpoint(trainer, checkpoint: str) -> None:
+    """Mark `checkpoint` as being written ([`mark_being_written`]), then wait until every process got here, so that
+    no process writes into a folder that still claims to be complete (a folder re-saved at the same step)."""
+    mark_being_written(trainer, checkpoint)
     trainer.accelerator.wait_for_everyone()
 
 

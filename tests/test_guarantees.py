@@ -185,6 +185,8 @@ def test_a_run_killed_inside_a_save_resumes_exactly_from_the_last_complete_check
     assert is_complete(str(run_dir / "checkpoint-2")) and lacks
     if point != "trainer-state":
         assert any("trainer_state.json" in item for item in lacks), lacks
+    if point == "reference":  # the first file of an RPG save, after the record that says the folder is being written
+        assert sorted(p.name for p in checkpoint.iterdir()) == ["rpg_checkpoint.json", "rpg_reference.safetensors"]
     if point == "weights":  # a checkpoint named explicitly is refused, with what it lacks
         with pytest.raises(ValueError, match=r"checkpoint-4: the checkpoint is incomplete.*trainer_state\.json"):
             crash_worker.run(tiny_model_dir, run_dir, scenario, resume=str(checkpoint))

@@ -136,12 +136,13 @@ def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
 def test_resume_without_the_saved_generation_state_warns_and_is_not_exact(
     interrupted_runs, tiny_model_dir, tmp_path, caplog
 ):
-    """What TRL alone does (the buffered batch is lost), shown by removing RPG's file: the resumed run regenerates
+    """What TRL alone does (the buffered batch is lost), shown by removing RPG's files: the resumed run regenerates
     at once, warns, and no longer matches the uninterrupted run."""
     full, crashed = interrupted_runs("sampling")
     run_dir = tmp_path / "run"
     shutil.copytree(crashed, run_dir)
     (run_dir / "checkpoint-4" / GENERATION_STATE_FILE).unlink()
+    (run_dir / "checkpoint-4" / "rpg_checkpoint.json").unlink()  # as TRL writes it: without RPG's commit record
     with caplog.at_level(logging.WARNING):
         resumed = crash_worker.run(tiny_model_dir, run_dir, "sampling", resume=True)
     assert any("inside a generation cycle" in m and GENERATION_STATE_FILE in m for m in rpg_warnings(caplog))

@@ -2,6 +2,7 @@
 (TRL's AsyncGRPOTrainer, and `rpg_loss` on a plain padded forward), staleness, and end-to-end CPU training under a
 policy lag of two versions with a resume from a checkpoint (local rollout worker of rpg_trl.cpu_rollouts)."""
 
+import json
 import math
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import rpg_trl
 from rpg_trl.async_rpg import AsyncRPGConfig, AsyncRPGTrainer
 from rpg_trl.cpu_rollouts import cpu_backend
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss
+from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
 
 from helpers.async_harness import (
     RecordingWeightTransfer,
@@ -264,7 +266,10 @@ def test_resumes_from_a_checkpoint(tiny_model_dir, tmp_path):
     )
     first.train()
     checkpoint = tmp_path / "checkpoint-2"
-    assert checkpoint.is_dir()
+    # Committed once written (CommittedCheckpointsMixin, docs/guarantees.md).
+    record = json.loads((checkpoint / COMMIT_RECORD).read_text())
+    assert record["complete"] and {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= set(record["files"])
+    assert is_complete(str(checkpoint))
 
     worker = make_worker(tiny_model_dir, lag=2)
     worker.weight_transfer = RecordingWeightTransfer(worker.versions)

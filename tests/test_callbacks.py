@@ -21,6 +21,7 @@ from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.ref_sync import RefModelSyncCallback
 from rpg_trl.ref_sync.trigger import SyncTrigger
 from rpg_trl.ref_sync.weights import REF_ADAPTER, REFERENCE_FILE, gather_reference, mix_parameters, restore_reference
+from rpg_trl.reliability.checkpoints import COMMIT_RECORD
 from rpg_trl.toy import build_char_tokenizer
 
 from helpers.ports import free_port
@@ -526,8 +527,11 @@ def test_resume_after_sync_continues_like_an_uninterrupted_run(tiny_model_dir, t
     broken = tmp_path / "broken"
     shutil.copytree(checkpoint, broken)
     os.remove(broken / REFERENCE_FILE)
-    with pytest.raises(FileNotFoundError, match=REFERENCE_FILE):
+    with pytest.raises(ValueError, match=rf"incomplete.*{REFERENCE_FILE}"):  # its commit record lists the file
         make_trainer(tiny_model_dir, tmp_path / "d", **kwargs).train(resume_from_checkpoint=str(broken))
+    os.remove(broken / COMMIT_RECORD)  # without a commit record (as a trainer that does not commit writes it)
+    with pytest.raises(FileNotFoundError, match=REFERENCE_FILE):
+        make_trainer(tiny_model_dir, tmp_path / "e", **kwargs).train(resume_from_checkpoint=str(broken))
 
 
 # ------------------------------------------------------------------------------------------------ two processes

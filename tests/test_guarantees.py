@@ -6,9 +6,11 @@ multi-process tests are in `tests/test_multiprocess.py`, the units of `rpg_trl/r
 in `docs/guarantees.md`.
 """
 
+import errno
 import json
 import logging
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -22,16 +24,20 @@ from datasets import Dataset
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig, GRPOTrainer
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import AGGREGATIONS, DIVERGENCES, ESTIMATORS, rpg_loss
 from rpg_trl.math_task.rewards import accuracy_reward, extract_answer, format_reward, get_soft_overlong_punishment
-from rpg_trl.reliability import RewardFunctionError
+from rpg_trl.reliability import DiskFullError, RewardFunctionError
+from rpg_trl.reliability.checkpoints import checkpoint_problems, is_complete
 from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE
 from rpg_trl.toy import build_char_tokenizer, make_fixed_rollout
 
-from helpers import crash_worker
+from helpers import crash_worker, save_faults
 from helpers.crash_worker import MAX_STEPS
+from helpers.tiny_runs import make_trainer as make_tiny_trainer
 from helpers.tiny_runs import quiet_cpu_args, rpg_warnings
 
 
@@ -137,17 +143,120 @@ def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
 def test_resume_without_the_saved_generation_state_warns_and_is_not_exact(
     interrupted_runs, tiny_model_dir, tmp_path, caplog
 ):
-    """What TRL alone does (the buffered batch is lost), shown by removing RPG's file: the resumed run regenerates
+    """What TRL alone does (the buffered batch is lost), shown by removing RPG's files: the resumed run regenerates
     at once, warns, and no longer matches the uninterrupted run."""
     full, crashed = interrupted_runs("sampling")
     run_dir = tmp_path / "run"
     shutil.copytree(crashed, run_dir)
     (run_dir / "checkpoint-4" / GENERATION_STATE_FILE).unlink()
+    (run_dir / "checkpoint-4" / "rpg_checkpoint.json").unlink()  # as TRL writes it: without RPG's commit record
     with caplog.at_level(logging.WARNING):
         resumed = crash_worker.run(tiny_model_dir, run_dir, "sampling", resume=True)
     assert any("inside a generation cycle" in m and GENERATION_STATE_FILE in m for m in rpg_warnings(caplog))
     assert _logs_after(resumed["log_history"], 4) != _logs_after(full["log_history"], 4)
     assert resumed["policy"] != full["policy"]
+
+
+# =========================================================================================== a crash inside a save
+def _crash_in_save(model_dir, run_dir, scenario, kill):
+    """Run `tests/helpers/crash_worker.py` until it kills itself where `kill` (`POINT:STEP`) says."""
+    cmd = [sys.executable, str(Path(crash_worker.__file__)), model_dir, str(run_dir), scenario]
+    cmd += ["--threads", str(torch.get_num_threads())]
+    env = dict(os.environ, **{save_faults.ENV: kill})
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-4000:]
+
+
+@pytest.mark.parametrize(
+    "point, scenario",
+    [
+        ("weights", "sampling"),
+        ("optimizer", "sampling"),
+        ("rng", "sampling"),
+        ("trainer-state", "sampling"),
+        ("reference", "reference-sync"),
+    ],
+)
+def test_a_run_killed_inside_a_save_resumes_exactly_from_the_last_complete_checkpoint(
+    interrupted_runs, tiny_model_dir, tmp_path, caplog, point, scenario
+):
+    """SIGKILL inside the save of checkpoint-4, after the weights, the optimizer, the RNG state (before RPG's
+    generation state), `trainer_state.json` (before the commit) or RPG's synced reference (its first file): `transformers` alone would resume from the half-written
+    checkpoint-4; RPGTrainer skips it, naming it and what it lacks, and continues from checkpoint-2 exactly like the
+    uninterrupted run."""
+    full, _ = interrupted_runs(scenario)
+    run_dir = tmp_path / "run"
+    _crash_in_save(tiny_model_dir, run_dir, scenario, f"{point}:4")
+    checkpoint = run_dir / "checkpoint-4"
+    assert get_last_checkpoint(str(run_dir)) == str(checkpoint)  # what transformers would resume from
+    lacks = checkpoint_problems(str(checkpoint))
+    assert is_complete(str(run_dir / "checkpoint-2")) and lacks
+    if point != "trainer-state":
+        assert any("trainer_state.json" in item for item in lacks), lacks
+    if point == "reference":  # the first file of an RPG save, after the record that says the folder is being written
+        assert sorted(p.name for p in checkpoint.iterdir()) == ["rpg_checkpoint.json", "rpg_reference.safetensors"]
+    if point == "weights":  # a checkpoint named explicitly is refused, with what it lacks
+        with pytest.raises(ValueError, match=r"checkpoint-4: the checkpoint is incomplete.*trainer_state\.json"):
+            crash_worker.run(tiny_model_dir, run_dir, scenario, resume=str(checkpoint))
+
+    with caplog.at_level(logging.WARNING):
+        resumed = crash_worker.run(tiny_model_dir, run_dir, scenario, resume=True)
+    (skipped,) = [m for m in rpg_warnings(caplog) if "incomplete checkpoint" in m]
+    assert str(checkpoint) in skipped and lacks[0] in skipped
+    after_full, after_resumed = _logs_after(full["log_history"], 2), _logs_after(resumed["log_history"], 2)
+    assert [h["step"] for h in after_resumed] == [3, 4, 5, 6, 7, 7]
+    assert after_resumed == after_full
+    assert resumed["policy"] == full["policy"] and resumed["reference"] == full["reference"]
+    assert resumed["syncs"] == full["syncs"]
+    assert is_complete(str(checkpoint))  # written again, over the incomplete folder, and committed
+
+
+def test_a_full_disk_during_a_save_is_named_and_the_previous_checkpoint_stays_complete(
+    interrupted_runs, tiny_model_dir, tmp_path, monkeypatch
+):
+    """`torch.save` fails with ENOSPC on checkpoint-4's optimizer file (a stand-in for a full disk), with
+    `save_total_limit=1`: the run stops with a `DiskFullError` that says the disk is full, names the file and the
+    intact checkpoint-2, which rotation did not delete; the resumed run equals the uninterrupted one."""
+    full, _ = interrupted_runs("sampling")
+    run_dir = tmp_path / "run"
+    optimizer_file = str(run_dir / "checkpoint-4" / "optimizer.pt")
+    real_save = torch.save
+
+    def save_on_a_full_disk(obj, f, *args, **kwargs):
+        if str(f) == optimizer_file:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_on_a_full_disk)
+    with pytest.raises(DiskFullError) as caught:
+        crash_worker.run(tiny_model_dir, run_dir, "sampling", save_total_limit=1)
+    monkeypatch.undo()
+    message = str(caught.value)
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == optimizer_file
+    assert "The disk is full" in message and optimizer_file in message
+    assert f"the newest complete checkpoint, {run_dir / 'checkpoint-2'}, is intact" in message
+    assert is_complete(str(run_dir / "checkpoint-2")) and not is_complete(str(run_dir / "checkpoint-4"))
+
+    resumed = crash_worker.run(tiny_model_dir, run_dir, "sampling", resume=True, save_total_limit=1)
+    assert _logs_after(resumed["log_history"], 2) == _logs_after(full["log_history"], 2)
+    assert resumed["policy"] == full["policy"]
+    assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-7"]  # the final save, rotated after it
+
+
+def test_a_checkpoint_of_trls_grpo_trainer_still_resumes(tiny_model_dir, tmp_path, caplog):
+    """A checkpoint without a commit record (TRL's GRPOTrainer) counts when `transformers` finished it: RPGTrainer
+    resumes from it, without a warning."""
+    grpo = make_tiny_trainer(
+        tiny_model_dir, tmp_path, GRPOTrainer, GRPOConfig, save_strategy="steps", save_steps=2, max_steps=2
+    )
+    grpo.train()
+    checkpoint = tmp_path / "checkpoint-2"
+    assert not (checkpoint / "rpg_checkpoint.json").exists() and is_complete(str(checkpoint))
+    rpg = make_tiny_trainer(tiny_model_dir, tmp_path, save_strategy="no", max_steps=3)
+    with caplog.at_level(logging.WARNING):
+        rpg.train(resume_from_checkpoint=True)
+    assert [h["step"] for h in rpg.state.log_history if "loss" in h] == [1, 2, 3]  # 1-2 from GRPOTrainer's state
+    assert not [m for m in rpg_warnings(caplog) if "checkpoint" in m]
 
 
 # ==================================================================================================== hostile rewards

@@ -26,6 +26,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
+
 from helpers.ports import free_port
 from helpers.tiny_runs import assert_close_in_norm, save_math_assets
 
@@ -449,6 +451,14 @@ def test_resume_from_mid_checkpoint_equals_uninterrupted_run(request, name, conf
     assert_same_weights(resumed.tensors(model_file), run.tensors(model_file), model_file)
     path = "checkpoint-4/rpg_reference.safetensors"
     assert_same_weights(resumed.tensors(path), run.tensors(path), "reference")
+    # Every checkpoint was committed once both processes had written their files (their shards included).
+    for folder in (run.output_dir / "checkpoint-2", resumed.output_dir / "checkpoint-4"):
+        record = json.loads((folder / COMMIT_RECORD).read_text())
+        assert record["complete"] and record["world_size"] == 2 and is_complete(str(folder)), folder
+        assert {"rng_state_0.pth", "rng_state_1.pth", "rpg_generation_state_1.pt"} <= set(record["files"])
+        # ZeRO: one optimizer partition per process; FSDP2 (FULL_STATE_DICT): the optimizer gathered on process 0
+        suffix, count = {"fsdp2_ref": ("optimizer.bin", 1)}.get(name, ("optim_states.pt", 2))
+        assert len([f for f in record["files"] if f.endswith(suffix)]) == count, sorted(record["files"])
 
 
 # ------------------------------------------------------------------------------------------------ the silent fallbacks

@@ -1,11 +1,15 @@
-"""Units of `rpg_trl/reliability/`, without a trainer: the generation state saved beside a checkpoint
+"""Units of `rpg_trl/reliability/`, without a trainer: the commit record of checkpoints and what a resume or a
+rotation makes of incomplete folders (`checkpoints.py`), the generation state saved beside a checkpoint
 (`generation_state.py`), the reward guard (`reward_guard.py`) and the hold on the gloo process group at exit
 (`teardown.py`). The end-to-end guarantees they serve are in `tests/test_guarantees.py` and
 `tests/test_multiprocess.py` (docs/guarantees.md)."""
 
 import asyncio
+import json
 import logging
 import math
+import os
+import shutil
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -15,12 +19,108 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers.trainer_utils import rotate_checkpoints
 
 from rpg_trl.reliability import RewardFunctionError, RewardGuard
+from rpg_trl.reliability.checkpoints import (
+    COMMIT_RECORD,
+    checkpoint_problems,
+    last_complete_checkpoint,
+    resolve_resume_checkpoint,
+    rotate_complete_checkpoints,
+)
 from rpg_trl.reliability.generation_state import load_generation_state, save_generation_state
 
 from helpers.ports import free_port
 from helpers.tiny_runs import rpg_warnings
+
+
+# ==================================================================================================== checkpoints
+def _folder(root, step, files=(), record=None):
+    """A `checkpoint-{step}` folder with the (empty, or named with contents) `files` and a commit record."""
+    folder = root / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    for name in files:
+        name, content = name if isinstance(name, tuple) else (name, "x")
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(content)
+    if record is not None:
+        (folder / COMMIT_RECORD).write_text(json.dumps(record))
+    return str(folder)
+
+
+def test_a_checkpoint_counts_when_committed_or_when_transformers_finished_it(tmp_path, caplog):
+    transformers_done = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"]
+    files = dict.fromkeys(transformers_done, 1)
+    legacy = _folder(tmp_path, 1, transformers_done)  # GRPOTrainer's: no record, trainer_state.json written last
+    legacy_half = _folder(tmp_path, 2, ["model.safetensors", "optimizer.pt"])
+    legacy_ranks = _folder(
+        tmp_path, 3, [*transformers_done[:3], "rng_state_0.pth", "rng_state_2.pth", "trainer_state.json"]
+    )
+    committed = _folder(tmp_path, 4, transformers_done, {"complete": True, "files": files})
+    pending = _folder(tmp_path, 5, ["model.safetensors"], {"complete": False, "world_size": 2})
+    lost_file = _folder(tmp_path, 6, transformers_done[:-1], {"complete": True, "files": files})
+    truncated = _folder(
+        tmp_path, 7, [*transformers_done[:-1], ("trainer_state.json", "")], {"complete": True, "files": files}
+    )
+    zero3 = _folder(tmp_path, 8, ["global_step8/zero_pp_rank_0_mp_rank_00_optim_states.pt", "trainer_state.json"])
+
+    assert checkpoint_problems(legacy) == checkpoint_problems(committed) == checkpoint_problems(zero3) == []
+    assert checkpoint_problems(legacy_half) == ["trainer_state.json"]
+    assert checkpoint_problems(legacy_ranks) == ["rng_state_1.pth"]
+    assert checkpoint_problems(pending) == [
+        f"its commit ({COMMIT_RECORD} says the save did not finish)",
+        "trainer_state.json",
+        "the optimizer state (optimizer.pt or the DeepSpeed/FSDP optimizer files)",
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+    ]
+    assert checkpoint_problems(lost_file) == ["trainer_state.json"]
+    assert checkpoint_problems(truncated) == ["trainer_state.json as committed (1 bytes; 0 now)"]
+
+    # True: the newest complete one, each newer incomplete folder named in a warning with what it lacks.
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume_checkpoint(True, str(tmp_path)) == zero3
+        shutil.rmtree(zero3)
+        assert resolve_resume_checkpoint(True, str(tmp_path)) == committed
+    warnings = [m for m in rpg_warnings(caplog) if "incomplete checkpoint" in m]
+    assert [w.split(":")[0] for w in warnings] == [
+        f"Skipping the incomplete checkpoint {f}" for f in (truncated, lost_file, pending)
+    ]
+    assert "rng_state_1.pth" in warnings[2] and "trainer_state.json as committed" in warnings[0]
+    # A path: refused when incomplete, listing what it lacks; left to transformers when it is no folder.
+    with pytest.raises(
+        ValueError, match=r"checkpoint-5: the checkpoint is incomplete .* lacks its commit .*rng_state_1"
+    ):
+        resolve_resume_checkpoint(pending, str(tmp_path))
+    assert resolve_resume_checkpoint(legacy, str(tmp_path)) == legacy
+    assert resolve_resume_checkpoint(str(tmp_path / "missing"), str(tmp_path)) == str(tmp_path / "missing")
+    assert resolve_resume_checkpoint(None, str(tmp_path)) is None and resolve_resume_checkpoint(False, "x") is None
+    with pytest.raises(ValueError, match=r"No complete checkpoint found .*checkpoint-2"):
+        resolve_resume_checkpoint(True, str(_only(tmp_path / "other", legacy_half)))
+
+
+def _only(root, folder):
+    """`root` holding a copy of the checkpoint `folder` alone."""
+    shutil.copytree(folder, root / os.path.basename(folder))
+    return root
+
+
+def test_rotation_counts_complete_checkpoints_and_never_deletes_the_newest_one(tmp_path):
+    """`save_total_limit=1`, checkpoint-4 just committed, a newer checkpoint-6 left incomplete by a crash: RPG's
+    rotation deletes checkpoint-2 only; `transformers`' would delete the newest complete checkpoint."""
+    done = {"complete": True, "files": {"trainer_state.json": 1}}
+    for root in (tmp_path / "rpg", tmp_path / "transformers"):
+        _folder(root, 2, ["trainer_state.json"], done)
+        _folder(root, 4, ["trainer_state.json"], done)
+        _folder(root, 6, ["model.safetensors"], {"complete": False})
+    deleted = rotate_complete_checkpoints(str(tmp_path / "rpg"), 1, str(tmp_path / "rpg" / "checkpoint-4"))
+    assert deleted == [str(tmp_path / "rpg" / "checkpoint-2")]
+    assert sorted(os.listdir(tmp_path / "rpg")) == ["checkpoint-4", "checkpoint-6"]
+    assert last_complete_checkpoint(str(tmp_path / "rpg")) == str(tmp_path / "rpg" / "checkpoint-4")
+    rotate_checkpoints(str(tmp_path / "transformers"), save_total_limit=1)  # what transformers does (by step here)
+    assert sorted(os.listdir(tmp_path / "transformers")) == ["checkpoint-6"]
+    assert rotate_complete_checkpoints(str(tmp_path / "rpg"), None, "x") == []
 
 
 # ==================================================================================================== generation_state
@@ -48,6 +148,7 @@ def test_each_process_saves_its_own_generation_state_and_a_mismatched_layout_fal
     assert [p.name for p in tmp_path.iterdir()] == ["rpg_generation_state_1.pt"]  # like rng_state_{rank}.pth
     restored = _fake_trainer(step=0)
     restored._buffered_inputs = None
+    restored.accelerator.device = torch.device("cpu", 1)  # a 2-process CPU run's device, which torch.load refuses
     assert load_generation_state(restored, str(tmp_path))
     assert restored._step == 4
     assert torch.equal(restored._buffered_inputs[2]["completion_ids"], torch.arange(6).view(2, 3) + 2)

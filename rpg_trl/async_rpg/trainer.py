@@ -13,6 +13,7 @@ from trl.experimental.async_grpo.packing import TREE_ATTENTION
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, nanmax, nanmin, pad
 
 from ..losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
+from ..reliability.checkpoints import CommittedCheckpointsMixin
 from ..reliability.importance_weights import ImportanceWeightMonitorMixin
 from ..trainer import RPGTrainer
 from .config import AsyncRPGConfig
@@ -57,7 +58,7 @@ class _PolicyVersionCollator:
         return batch
 
 
-class AsyncRPGTrainer(ImportanceWeightMonitorMixin, AsyncGRPOTrainer):
+class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, AsyncGRPOTrainer):
     """
     Trainer for Regularized Policy Gradient (RPG) with asynchronous rollouts.
 
@@ -73,7 +74,8 @@ class AsyncRPGTrainer(ImportanceWeightMonitorMixin, AsyncGRPOTrainer):
 
     Rollouts, vLLM, weight sync, packing, PEFT, FSDP and the rest of the pipeline are inherited unchanged. With
     `beta=0`, `estimator="differentiable"` and a `clip_c` too large to act, the loss and its gradient are
-    AsyncGRPOTrainer's (RPG-Style Clip reduces to PPO's clip).
+    AsyncGRPOTrainer's (RPG-Style Clip reduces to PPO's clip). Checkpoints count once every process has written them
+    ([`~rpg_trl.reliability.checkpoints.CommittedCheckpointsMixin`], as for [`~rpg_trl.RPGTrainer`]).
     """
 
     _tag_names = ["trl", "async-grpo", "rpg"]

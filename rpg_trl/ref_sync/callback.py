@@ -223,8 +223,14 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         """Save the synced reference into the checkpoint folder that `trainer._save_checkpoint` is about to write."""
         from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-        folder = f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
-        self.save_reference(os.path.join(trainer._get_output_dir(trial=trial), folder))
+        from ..reliability.checkpoints import CommittedCheckpointsMixin, mark_being_written
+
+        checkpoint = os.path.join(
+            trainer._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
+        )
+        if isinstance(trainer, CommittedCheckpointsMixin) and self.num_syncs > 0 and self.has_reference():
+            mark_being_written(trainer, checkpoint)  # the reference is written before the rest of the save
+        self.save_reference(checkpoint)
 
     def save_reference(self, output_dir: str) -> None:
         """Write the synced reference into the checkpoint folder `output_dir` (nothing before the first sync: the

@@ -7,6 +7,9 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 
 * [`reward_guard`]: non-finite rewards count as `None` (with a warning); a failing reward function is named with the
   sample it fails on.
+* [`rpg_trl.reliability.checkpoints`]: a checkpoint is complete or does not count: each save is committed once every
+  process has written its files, `save_total_limit` never deletes the newest complete checkpoint, a resume takes
+  complete checkpoints only (naming each incomplete one and what it lacks), and a full disk is named.
 * [`rpg_trl.reliability.generation_state`]: the buffered generation batch and the micro-step counter are saved with each checkpoint, so a
   resumed run continues exactly where the interrupted one was, also in the middle of a generation cycle.
 * [`checks`]: datasets without a `prompt` column are refused when the trainer is built; a prompt that, with
@@ -20,6 +23,7 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 
 from __future__ import annotations
 
+from .checkpoints import CommittedCheckpointsMixin, DiskFullError
 from .checks import check_prompt_column, check_sequence_length
 from .generation_state import load_generation_state, save_generation_state
 from .importance_weights import ImportanceWeightMonitor, ImportanceWeightMonitorMixin
@@ -28,8 +32,9 @@ from .teardown import hold_process_group_until_exit
 from .vllm_server import VLLMServerError, check_server_model, server_errors_named
 
 
-class ReliabilityMixin:
-    """Reward guard, exact resume, length check and dataset check for a `GRPOTrainer` subclass."""
+class ReliabilityMixin(CommittedCheckpointsMixin):
+    """Reward guard, committed checkpoints and exact resume, length check and dataset check for a `GRPOTrainer`
+    subclass."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -68,6 +73,8 @@ class ReliabilityMixin:
 
 
 __all__ = [
+    "CommittedCheckpointsMixin",
+    "DiskFullError",
     "ImportanceWeightMonitor",
     "ImportanceWeightMonitorMixin",
     "ReliabilityMixin",

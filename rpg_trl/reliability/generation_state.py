@@ -84,8 +84,11 @@ def load_generation_state(trainer, checkpoint: str | None) -> bool:
 
     if not os.path.isfile(path):
         return fall_back(f"it has no {os.path.basename(path)} (not written by RPGTrainer)")
+    device = torch.device(trainer.accelerator.device)
+    # A multi-process CPU run's device is `cpu:{rank}`, which `torch.load` cannot map to: load those onto "cpu".
+    map_location = "cpu" if device.type == "cpu" else device
     try:
-        state = torch.load(path, map_location=trainer.accelerator.device, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # e.g. a buffer holding images, which `weights_only` refuses
         return fall_back(f"{path} could not be read ({type(exc).__name__}: {exc})")
     saved = (state.get("world_size"), state.get("steps_per_generation"), state.get("num_iterations"))

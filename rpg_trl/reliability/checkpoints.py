@@ -1,0 +1,405 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""Checkpoints that are complete or do not count: a commit record written last, and a resume that requires it.
+
+`transformers` writes a checkpoint file by file (weights, optimizer and scheduler, RNG state, `trainer_state.json`)
+and every process writes its own files; `get_last_checkpoint` then takes the highest-numbered `checkpoint-*` folder,
+complete or not. A run killed while it saves (a SIGKILL, a dead node, a full disk) leaves a folder that
+`resume_from_checkpoint=True` picks and cannot load (`FileNotFoundError: .../trainer_state.json`), or worse, loads in
+part. And `save_total_limit` may already have deleted the previous, complete checkpoint.
+
+[`CommittedCheckpointsMixin`] makes each save a transaction over all processes:
+
+1. before anything is written, the process(es) that save (`args.should_save`) mark the folder as being written (the
+   commit record [`COMMIT_RECORD`] with `"complete": false`), and every process waits for that;
+2. the trainer saves as usual (model or shards, optimizer, scheduler, RNG, RPG's own files, `trainer_state.json`);
+3. every process waits for the others (`accelerator.wait_for_everyone()`: all of them have written and closed their
+   files), then the saving process flushes every file of the folder to the disk (`fsync`) and replaces the record,
+   atomically, by `"complete": true` with the list of the files and their sizes;
+4. only then are older checkpoints rotated out (`save_total_limit`), and only complete ones: the newest complete
+   checkpoint is never deleted, whatever the state of newer folders.
+
+Resuming ([`resolve_resume_checkpoint`]): `resume_from_checkpoint=True` takes the newest complete checkpoint and skips
+each incomplete folder with a warning that names it and what it lacks; a checkpoint named explicitly that is
+incomplete is refused with an error listing what is missing. A folder without a commit record was written by a
+trainer that does not commit (TRL's `GRPOTrainer`, `transformers`' `Trainer`): it counts as complete when it holds
+`trainer_state.json` (which `transformers` writes after the weights, optimizer, scheduler and RNG state) and model
+weights.
+
+A full disk during a save stops the run with a [`DiskFullError`] naming the checkpoint folder and the file being
+written; that folder stays marked incomplete, and the previous checkpoint complete. What these guarantee, and the
+tests that prove it, is listed in `docs/guarantees.md`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+#: File name, inside a checkpoint folder, of its commit record: `{"complete": false, ...}` while it is being written,
+#: `{"complete": true, "files": {relative path: size in bytes}, ...}` once every process has written its files.
+COMMIT_RECORD = "rpg_checkpoint.json"
+#: Written by `transformers` after the weights, optimizer, scheduler and RNG state (the last file of a save).
+TRAINER_STATE = "trainer_state.json"
+#: Model weights as the `transformers` back-ends save them (full or sharded, PEFT adapters, FSDP, DeepSpeed).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    "adapter_model.safetensors",
+    "adapter_model.bin",
+    "pytorch_model_fsdp.bin",
+    "pytorch_model_fsdp_0",
+)
+_CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
+#: Below this many free bytes, a write error during a save is taken for a full disk (PyTorch's `torch.save` reports
+#: ENOSPC as "file write failed", without an errno).
+DISK_FULL_FREE_BYTES = 64 * 2**20
+
+
+class DiskFullError(OSError):
+    """The disk filled up while a checkpoint was written (an `OSError` with `errno.ENOSPC`)."""
+
+
+# ------------------------------------------------------------------------------------------------ what a folder holds
+def _read_record(checkpoint: str) -> dict | None:
+    path = os.path.join(checkpoint, COMMIT_RECORD)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return {"complete": False, "unreadable": True}
+    return record if isinstance(record, dict) else {"complete": False, "unreadable": True}
+
+
+def _has_weights(checkpoint: str) -> bool:
+    if any(os.path.exists(os.path.join(checkpoint, name)) for name in WEIGHT_FILES):
+        return True
+    # DeepSpeed: `global_step{N}/` with the model states (ZeRO-3 may save no full weights file at all).
+    return any(
+        name.startswith("global_step") and os.path.isdir(os.path.join(checkpoint, name))
+        for name in os.listdir(checkpoint)
+    )
+
+
+def _has_optimizer(checkpoint: str) -> bool:
+    names = os.listdir(checkpoint)
+    if any(name in ("optimizer.pt", "optimizer.bin", "optimizer_0") for name in names):
+        return True
+    return any(
+        name.startswith("global_step")
+        and os.path.isdir(os.path.join(checkpoint, name))
+        and any(f.endswith("optim_states.pt") for f in os.listdir(os.path.join(checkpoint, name)))
+        for name in names
+    )
+
+
+def _absent_parts(checkpoint: str, world_size: int | None, save_only_model: bool) -> list[str]:
+    """What a checkpoint folder that did not commit lacks among the files `transformers` writes."""
+    absent = []
+    if not os.path.isfile(os.path.join(checkpoint, TRAINER_STATE)):
+        absent.append(TRAINER_STATE)
+    if not _has_weights(checkpoint):
+        absent.append("the model weights (" + " / ".join(WEIGHT_FILES[:2]) + " / ...)")
+    if not save_only_model and not _has_optimizer(checkpoint):
+        absent.append("the optimizer state (optimizer.pt or the DeepSpeed/FSDP optimizer files)")
+    if world_size is None:  # the processes that wrote RNG files: 0..max must all be there
+        indices = [int(m.group(1)) for n in os.listdir(checkpoint) if (m := re.match(r"rng_state_(\d+)\.pth$", n))]
+        names = [f"rng_state_{i}.pth" for i in range(max(indices) + 1)] if indices else []
+    elif save_only_model:  # no RNG state is written
+        names = []
+    else:
+        names = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
+    return absent + [name for name in names if not os.path.isfile(os.path.join(checkpoint, name))]
+
+
+def checkpoint_problems(checkpoint: str) -> list[str]:
+    """What makes the checkpoint folder `checkpoint` incomplete, in words (an empty list: it is complete).
+
+    With a commit record: complete when the record says so and every file it lists is there with the size it had at
+    the commit. Without one (a checkpoint of a trainer that does not commit, e.g. TRL's `GRPOTrainer`): complete when
+    it holds `trainer_state.json`, the model weights and, when it has RNG files of several processes, all of them.
+    """
+    if not os.path.isdir(checkpoint):
+        return ["the folder itself"]
+    record = _read_record(checkpoint)
+    if record is None:  # not written by a committing trainer
+        return _absent_parts(checkpoint, world_size=None, save_only_model=True)
+    if record.get("unreadable"):
+        return [f"a readable {COMMIT_RECORD}"]
+    if not record.get("complete"):
+        absent = _absent_parts(checkpoint, record.get("world_size"), bool(record.get("save_only_model")))
+        return [f"its commit ({COMMIT_RECORD} says the save did not finish)", *absent]
+    problems = []
+    for name, size in sorted(record.get("files", {}).items()):
+        path = os.path.join(checkpoint, name)
+        if not os.path.isfile(path):
+            problems.append(name)
+        elif os.path.getsize(path) != size:
+            problems.append(f"{name} as committed ({size} bytes; {os.path.getsize(path)} now)")
+    return problems
+
+
+def is_complete(checkpoint: str) -> bool:
+    """Whether `checkpoint` is a complete checkpoint folder (see [`checkpoint_problems`])."""
+    return not checkpoint_problems(checkpoint)
+
+
+def _checkpoint_folders(output_dir: str) -> list[str]:
+    """The `checkpoint-{step}` folders of `output_dir`, newest (highest step) first."""
+    if not os.path.isdir(output_dir):
+        return []
+    steps = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _CHECKPOINT_RE.match(name))]
+    folders = [os.path.join(output_dir, name) for _, name in sorted(steps, reverse=True)]
+    return [folder for folder in folders if os.path.isdir(folder)]
+
+
+def last_complete_checkpoint(output_dir: str) -> str | None:
+    """The highest-numbered complete checkpoint of `output_dir` (None if there is none), warning about each
+    incomplete folder above it: its path and what it lacks."""
+    for folder in _checkpoint_folders(output_dir):
+        problems = checkpoint_problems(folder)
+        if not problems:
+            return folder
+        logger.warning(f"Skipping the incomplete checkpoint {folder}: it lacks {'; '.join(problems)}.")
+    return None
+
+
+def resolve_resume_checkpoint(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:
+    """`Trainer.train`'s `resume_from_checkpoint`, resolved to a complete checkpoint.
+
+    `True`: the newest complete checkpoint of `output_dir` ([`last_complete_checkpoint`]); a `ValueError` when there
+    is none. A path: the path, if the checkpoint there is complete (a `ValueError` listing what it lacks otherwise; a
+    path that is not a folder is left to `transformers`, which reports it). `None`/`False`: `None`.
+    """
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    if resume_from_checkpoint is True:
+        checkpoint = last_complete_checkpoint(output_dir)
+        if checkpoint is None:
+            incomplete = _checkpoint_folders(output_dir)
+            detail = f" (incomplete: {', '.join(incomplete)})" if incomplete else ""
+            raise ValueError(f"No complete checkpoint found in output directory ({output_dir}){detail}.")
+        return checkpoint
+    checkpoint = os.fspath(resume_from_checkpoint)
+    if os.path.isdir(checkpoint):
+        problems = checkpoint_problems(checkpoint)
+        if problems:
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: the checkpoint is incomplete (its save did not finish); it lacks "
+                f"{'; '.join(problems)}. Resume from a complete checkpoint, or pass `resume_from_checkpoint=True` to "
+                "take the newest complete one."
+            )
+    return checkpoint
+
+
+# --------------------------------------------------------------------------------------------------------- writing
+def _write_json_atomically(path: str, content: dict, suffix: str) -> None:
+    tmp = f"{path}.{suffix}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(content, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def _fsync_dir(path: str) -> None:
+    with contextlib.suppress(OSError):  # not every platform or filesystem lets a folder be opened
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _committed_files(checkpoint: str) -> dict[str, int]:
+    """Every file under `checkpoint` (relative path -> size), flushed to the disk; the commit record excluded."""
+    files = {}
+    for root, dirs, names in os.walk(checkpoint):
+        for name in names:
+            path = os.path.join(root, name)
+            relative = os.path.relpath(path, checkpoint)
+            if relative == COMMIT_RECORD or name.startswith(COMMIT_RECORD + "."):
+                continue
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # a file written by another process on this machine is flushed as well
+            finally:
+                os.close(fd)
+            files[relative] = os.path.getsize(path)
+        for name in dirs:
+            _fsync_dir(os.path.join(root, name))
+    _fsync_dir(checkpoint)
+    return files
+
+
+def mark_being_written(trainer, checkpoint: str) -> None:
+    """Record, on the saving processes, that `checkpoint` is being written (`"complete": false`). Called first by
+    [`begin_checkpoint`], and by a part of the trainer that writes into the folder before it (RPG's synced
+    reference), so that a folder re-saved at the same step never claims to be complete while it is rewritten."""
+    args = trainer.args
+    if args.should_save:
+        os.makedirs(checkpoint, exist_ok=True)
+        record = {
+            "complete": False,
+            "step": trainer.state.global_step,
+            "world_size": args.world_size,
+            "save_only_model": bool(args.save_only_model),
+        }
+        _write_json_atomically(os.path.join(checkpoint, COMMIT_RECORD), record, f"p{args.process_index}")
+
+
+def begin_checkpoint(trainer, checkpoint: str) -> None:
+    """Mark `checkpoint` as being written ([`mark_being_written`]), then wait until every process got here, so that
+    no process writes into a folder that still claims to be complete (a folder re-saved at the same step)."""
+    mark_being_written(trainer, checkpoint)
+    trainer.accelerator.wait_for_everyone()
+
+
+def commit_checkpoint(trainer, checkpoint: str) -> None:
+    """Wait until every process has written (and closed) its files of `checkpoint`, then flush them all to the disk
+    and record the checkpoint as complete, with its files and their sizes (on the saving processes)."""
+    trainer.accelerator.wait_for_everyone()
+    args = trainer.args
+    if args.should_save:
+        record = {
+            "complete": True,
+            "step": trainer.state.global_step,
+            "world_size": args.world_size,
+            "save_only_model": bool(args.save_only_model),
+            "files": _committed_files(checkpoint),
+        }
+        _write_json_atomically(os.path.join(checkpoint, COMMIT_RECORD), record, f"p{args.process_index}")
+
+
+def rotate_complete_checkpoints(
+    run_dir: str, save_total_limit: int | None, newest: str, best_model_checkpoint: str | None = None
+) -> list[str]:
+    """`transformers`' `rotate_checkpoints` over complete checkpoints only: delete the oldest complete checkpoints of
+    `run_dir` beyond `save_total_limit`, never `newest` (the one just committed) nor `best_model_checkpoint`, in
+    `transformers`' order (modification time, or step where the filesystem's times are not reliable). Incomplete
+    folders are neither counted nor deleted (a resumed run writes over them when it reaches their step). Returns the
+    deleted folders."""
+    if save_total_limit is None or save_total_limit <= 0:
+        return []
+    ordered = sort_checkpoints(run_dir, use_mtime=True, best_model_checkpoint=best_model_checkpoint)
+    complete = [c for c in ordered if is_complete(c)]
+    protected = {os.path.abspath(newest)}
+    if best_model_checkpoint is not None:
+        protected.add(os.path.abspath(best_model_checkpoint))
+    deleted = []
+    keep = max(save_total_limit, len(protected))
+    for checkpoint in complete:
+        if len(complete) - len(deleted) <= keep:
+            break
+        if os.path.abspath(checkpoint) in protected:
+            continue
+        logger.info(f"Deleting older checkpoint [{checkpoint}] due to args.save_total_limit")
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        deleted.append(checkpoint)
+    return deleted
+
+
+# ------------------------------------------------------------------------------------------------------- full disk
+def _disk_full(exc: BaseException, folder: str) -> bool:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return True
+        message = str(exc)
+        if "No space left on device" in message or "Disk quota exceeded" in message:
+            return True
+        if "file write failed" in message and _free_bytes(folder) < DISK_FULL_FREE_BYTES:  # torch.save
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def _free_bytes(folder: str) -> int:
+    while folder and not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    try:
+        return shutil.disk_usage(folder or ".").free
+    except OSError:
+        return -1
+
+
+def _failed_file(exc: BaseException) -> str | None:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.filename:
+            return os.fspath(exc.filename)
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+@contextlib.contextmanager
+def disk_full_named(checkpoint: str, run_dir: str):
+    """Turn an error of a full disk while `checkpoint` is written into a [`DiskFullError`] that says so, names the
+    folder (and the file, when the error names it) and the newest complete checkpoint, which the failed save left
+    intact. Other errors pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        if not _disk_full(exc, checkpoint):
+            raise
+        previous = last_complete_checkpoint(run_dir)
+        free = _free_bytes(checkpoint)
+        where = _failed_file(exc) or checkpoint
+        message = (
+            f"The disk is full: writing the checkpoint {checkpoint} failed ({type(exc).__name__}: {exc}); "
+            f"{free if free >= 0 else 'unknown'} bytes are free on the filesystem of {run_dir}. That checkpoint is "
+            "left incomplete (a resume skips it); "
+            + (
+                f"the newest complete checkpoint, {previous}, is intact. "
+                if previous
+                else "there is no earlier complete checkpoint. "
+            )
+            + "Free some space, then resume with `resume_from_checkpoint=True`."
+        )
+        raise DiskFullError(errno.ENOSPC, message, where) from exc
+
+
+# ----------------------------------------------------------------------------------------------------------- mixin
+class CommittedCheckpointsMixin:
+    """Checkpoints that are complete or do not count, for a `transformers.Trainer` subclass (put it before the trainer
+    in the class line): each save is committed once every process has written its files, rotation keeps the newest
+    complete checkpoint, a resume takes complete checkpoints only, and a full disk is named (see the module)."""
+
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        return super().train(
+            resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
+        )
+
+    def _save_checkpoint(self, model, trial):
+        run_dir = self._get_output_dir(trial=trial)
+        checkpoint = os.path.join(run_dir, f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+        args = self.args
+        # `transformers` rotates inside `_save_checkpoint`, before the other processes may have finished writing:
+        # rotation is deferred to after the commit, and counts complete checkpoints only.
+        save_total_limit, args.save_total_limit = args.save_total_limit, None
+        try:
+            with disk_full_named(checkpoint, run_dir):
+                begin_checkpoint(self, checkpoint)
+                super()._save_checkpoint(model, trial)
+                commit_checkpoint(self, checkpoint)
+        finally:
+            args.save_total_limit = save_total_limit
+        if args.should_save:
+            rotate_complete_checkpoints(run_dir, save_total_limit, checkpoint, self.state.best_model_checkpoint)

@@ -277,6 +277,7 @@ def test_resume_continues_with_the_saved_beta(tiny_model_dir, tmp_path, restore_
     old = tmp_path / "old-checkpoint"
     shutil.copytree(checkpoint, old)
     (old / "trainer_state.json").write_text(json.dumps(state))
+    (old / "rpg_checkpoint.json").unlink()  # written before the commit record too: the edited file is not refused
     with caplog.at_level(logging.WARNING):
         restarted = make_trainer(tiny_model_dir, tmp_path / "restarted", **kwargs)
         restarted.train(resume_from_checkpoint=str(old))

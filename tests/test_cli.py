@@ -233,6 +233,7 @@ def test_bench_arguments_presets_and_errors():
         bench_algos.BenchAlgosArguments(learning_rates=[1e-3, -1e-3])
     with pytest.raises(ValueError, match="`kl_betas` must list positive"):
         bench_algos.BenchAlgosArguments(kl_betas=[0.0])
+    assert bench_algos.BenchAlgosArguments(kl_arms=["TRL k3 (corrected)"]).kl_arms == ["TRL k3 (corrected)"]
     with pytest.raises(ValueError, match="Unknown KL arm"):
         bench_algos.BenchAlgosArguments(kl_arms=["KL"])
     with pytest.raises(ValueError, match="Unknown table"):
@@ -273,6 +274,10 @@ def test_bench_algos_quick(tmp_path, capsys):
         [("no KL", 0.0)] * 2 + [("RPG-URKL, token", kl["chosen_beta"])] * 2
     )
     assert all(r["proxy_last"] >= 0.0 and r["length_end"] > 0 for r in kl["runs"])
+    # The logged metrics per generation batch (8 steps: one batch of 16), the KL estimate 0 without a regulariser.
+    assert set(kl["dynamics"]) == {"no KL", "RPG-URKL, token"}
+    assert len(kl["dynamics"]["RPG-URKL, token"]["kl"]) == 1 and kl["dynamics"]["RPG-URKL, token"]["kl"][0] > 0
+    assert "largest importance weight" in table
     for name in ("bench_algos.png", "bench_kl.png"):
         png = (output_dir / name).read_bytes()
         assert png.startswith(PNG_SIGNATURE) and len(png) > 10_000

@@ -89,6 +89,15 @@ def test_jobs_are_cached_by_their_specification(tmp_path):
     changed = [({"x": 5}, str(tmp_path / "job2"))]
     assert protocol.run_jobs(changed, _square, desc="test") == [{"y": 25}]
     assert CALLS == [2, 3, 5]
+    # A folder of the specification reached through a link is the same folder.
+    (tmp_path / "warm").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "warm")
+    linked = [({"x": 7, "sft_dir": str(tmp_path / "warm")}, str(tmp_path / "job7"))]
+    assert protocol.run_jobs(linked, _square, desc="test") == [{"y": 49}]
+    via_link = [({"x": 7, "sft_dir": str(tmp_path / "link")}, str(tmp_path / "job7"))]
+    assert protocol.run_jobs(via_link, _square, desc="test") == [{"y": 49}]
+    assert CALLS == [2, 3, 5, 7]
+    CALLS.pop()
     # A truncated result file (a run killed while writing it) counts as missing.
     (tmp_path / "job3" / protocol.RESULT_NAME).write_text('{"spec": {"x": 3}, "res')
     assert protocol.run_jobs(jobs[1:], _square, desc="test") == [{"y": 9}]

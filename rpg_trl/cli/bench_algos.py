@@ -136,7 +136,11 @@ class BenchAlgosArguments:
         default=None, metadata={"help": f"Methods of the algorithms table, among {list(ALGORITHMS)}."}
     )
     kl_arms: list[str] | None = field(
-        default=None, metadata={"help": "Arms of the KL table (see rpg_trl.cli.bench_kl.KL_ARMS). Default: all."}
+        default=None,
+        metadata={
+            "help": "Arms of the KL table (rpg_trl.cli.bench_kl.KL_ARMS, or the follow-up arms KL_FOLLOW_UP_ARMS). "
+            "Default: KL_ARMS."
+        },
     )
     kl_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of every run of the KL table."})
     kl_betas: list[float] | None = field(
@@ -160,7 +164,7 @@ class BenchAlgosArguments:
     )
 
     def __post_init__(self):
-        from .bench_kl import KL_ARMS
+        from .bench_kl import ALL_KL_ARMS, KL_ARMS
 
         apply_preset(self, self.presets, self.quick)
         check_arguments(
@@ -179,7 +183,7 @@ class BenchAlgosArguments:
         )
         self.tables = chosen(self.tables, dict.fromkeys(TABLES), list(TABLES), "table")
         self.algorithms = chosen(self.algorithms, ALGORITHMS, list(ALGORITHMS), "algorithm")
-        self.kl_arms = chosen(self.kl_arms, KL_ARMS, list(KL_ARMS), "KL arm")
+        self.kl_arms = chosen(self.kl_arms, ALL_KL_ARMS, list(KL_ARMS), "KL arm")
         if "algorithms" in self.tables and BASELINE not in self.algorithms:
             raise ValueError(f"`algorithms` must include {BASELINE!r}, the baseline of the paired differences.")
         if not self.regimes or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in self.regimes):
@@ -553,7 +557,7 @@ def plot_algorithms(runs: list[dict], output: str, args: BenchAlgosArguments) ->
                 ax_reward.plot(steps, moving_average(values, REWARD_WINDOW), style, color=color)
         ax_acc.set_title(f"{regime} steps/generation: held-out accuracy gain (points)", fontsize=10)
         ax_reward.set_title(
-            f"{regime} steps/generation: training reward (one per generation batch, moving avg. over {REWARD_WINDOW})",
+            f"{regime} steps/generation: training reward (moving avg. over {REWARD_WINDOW} batches)",
             fontsize=10,
         )
         for ax in (ax_acc, ax_reward):
@@ -591,11 +595,12 @@ def run_bench(args: BenchAlgosArguments) -> dict:
             markdown.append(format_selection_table(algorithms["selection"], algorithms["chosen_learning_rates"], args))
             plot_algorithms(algorithms["runs"], str(output_dir / "bench_algos.png"), args)
         if "kl" in args.tables:
-            from .bench_kl import format_kl_table, plot_kl, run_kl_table
+            from .bench_kl import format_kl_dynamics, format_kl_table, plot_kl, run_kl_table
 
             kl = run_kl_table(args, sft_dirs, pool)
             report["kl"] = kl
             markdown.append(format_kl_table(kl["table"], kl["chosen_beta"], args))
+            markdown.append(format_kl_dynamics(kl["dynamics"], args))
             plot_kl(kl["runs"], str(output_dir / "bench_kl.png"), args)
         warm = [json.loads((Path(d) / "warm_start.json").read_text()) for d in sft_dirs.values()]
         report["warm_starts"] = {seed: w["report"] for seed, w in zip(sft_dirs, warm)}

@@ -38,6 +38,16 @@ KL_ARMS = {
     "RPG-UFKL, sequence": {"divergence": "ufkl", "kl_level": "sequence"},
     "GRPO k3 (uncorrected)": {"divergence": "urkl", "use_bias_correction_kl": False},
 }
+#: Arms added after the first run of the table (2026-11-25), to find where its collapse comes from; run with
+#: ``--kl_arms`` and reported apart. "RPG-URKL, token, no clip": RPG's corrected KL without RPG-Style Clip (the exact
+#: weight W on every token, the reward term unclipped too). "TRL k3 (corrected)": TRL's own `GRPOTrainer` with its
+#: importance-weighted k3 (`use_bias_correction_kl=True`), the reward term PPO-clipped with the same ε and the KL term
+#: at the unclipped weight w, advantages and aggregation as RPG's.
+KL_FOLLOW_UP_ARMS = {
+    "RPG-URKL, token, no clip": {"divergence": "urkl", "kl_level": "token", "rpg_clip": False},
+    "TRL k3 (corrected)": {"trainer": "grpo", "use_bias_correction_kl": True},
+}
+ALL_KL_ARMS = {**KL_ARMS, **KL_FOLLOW_UP_ARMS}
 #: The arm the others are compared with, seed by seed.
 KL_BASELINE = "no KL"
 #: Steps per generation batch of every run of the KL table (the paper's regime).
@@ -47,6 +57,7 @@ KL_REGIME = 16
 def kl_job(spec: dict, run_dir: str) -> dict:
     """Train one arm of the KL table and return its held-out true and proxy rewards over training and at the end."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
 
     from ..config import RPGConfig
     from ..toy.addition import build_rl_dataset, evaluation_seed, make_splits
@@ -73,12 +84,27 @@ def kl_job(spec: dict, run_dir: str) -> dict:
     )
     kwargs = rl_training_kwargs(steps=spec["steps"], seed=seed, learning_rate=spec["learning_rate"])
     kwargs.update(steps_per_generation=KL_REGIME, max_completion_length=PROXY_MAX_COMPLETION_LENGTH, disable_tqdm=True)
-    overrides = {"estimator": "differentiable", "kl_anchor": "reference", "beta": spec["beta"], **KL_ARMS[spec["arm"]]}
-    trainer = RPGTrainer(
+    overrides = dict(ALL_KL_ARMS[spec["arm"]])
+    if overrides.pop("trainer", "rpg") == "grpo":
+        # RPGConfig's defaults that are not GRPOConfig's: advantage = reward − group mean, clip-higher, token mean.
+        shared = {"scale_rewards": "none", "epsilon": 0.2, "epsilon_high": 0.28, "loss_type": "dapo"}
+        trainer_class, config = (
+            GRPOTrainer,
+            GRPOConfig(
+                output_dir=run_dir, reward_weights=[1.0, 0.0], beta=spec["beta"], **shared, **kwargs, **overrides
+            ),
+        )
+    else:
+        overrides = {"estimator": "differentiable", "kl_anchor": "reference", "beta": spec["beta"], **overrides}
+        trainer_class, config = (
+            RPGTrainer,
+            RPGConfig(output_dir=run_dir, reward_weights=[1.0, 0.0], **kwargs, **overrides),
+        )
+    trainer = trainer_class(
         model=model,
         # The proxy trains (weight 1); the true reward is only logged (weight 0) to draw it next to the proxy.
         reward_funcs=[proxy_reward, strict_reward],
-        args=RPGConfig(output_dir=run_dir, reward_weights=[1.0, 0.0], **kwargs, **overrides),
+        args=config,
         train_dataset=build_rl_dataset(splits.rl),
         processing_class=tokenizer,
         callbacks=[scores],
@@ -106,7 +132,7 @@ def kl_job(spec: dict, run_dir: str) -> dict:
 def _kl_jobs(args, sft_dirs, arms, betas, seeds, root: Path) -> list[tuple[dict, str]]:
     jobs = []
     for arm in arms:
-        for beta in [0.0] if KL_ARMS[arm].get("beta") == 0.0 else betas:
+        for beta in [0.0] if ALL_KL_ARMS[arm].get("beta") == 0.0 else betas:
             for seed in seeds:
                 spec = {
                     "arm": arm,
@@ -136,7 +162,7 @@ def run_kl_table(args, sft_dirs: dict[int, str], pool) -> dict:
 
     root = Path(args.output_dir) / "kl"
     common = {"pool": pool, "num_threads": args.num_threads, "describe": _describe}
-    regularised = [arm for arm in args.kl_arms if KL_ARMS[arm].get("beta") != 0.0]
+    regularised = [arm for arm in args.kl_arms if ALL_KL_ARMS[arm].get("beta") != 0.0]
     # A grid of one β selects nothing: no selection runs then.
     betas = args.kl_betas if len(args.kl_betas) > 1 else []
     selection_jobs = _kl_jobs(args, sft_dirs, regularised, betas, args.selection_seeds, root)
@@ -156,6 +182,7 @@ def run_kl_table(args, sft_dirs: dict[int, str], pool) -> dict:
         "chosen_beta": beta,
         "runs": runs,
         "table": summarize_kl(runs),
+        "dynamics": kl_dynamics(runs),
     }
 
 
@@ -221,6 +248,49 @@ def format_kl_table(rows: list[dict], beta: float, args) -> str:
                 f"{row['collapsed']}/{n}",
             ]
         )
+    return markdown_table(caption, header, cells)
+
+
+#: The logged metrics of [`format_kl_dynamics`]: metric -> its name in the table.
+DYNAMICS_METRICS = {"kl": "KL estimate", "entropy": "entropy", "importance_weight/max": "largest importance weight"}
+
+
+def kl_dynamics(runs: list[dict]) -> dict[str, dict[str, list[float]]]:
+    """Per arm and metric of [`DYNAMICS_METRICS`], the mean over the arm's runs and over the optimizer steps of each
+    generation batch ([`KL_REGIME`] steps), read from the runs' trainer states."""
+    from ..toy.curves import load_log_history, metric_series
+
+    dynamics = {}
+    for arm in dict.fromkeys(run["arm"] for run in runs):
+        histories = [load_log_history(run["run_dir"]) for run in runs if run["arm"] == arm]
+        dynamics[arm] = {}
+        for key in DYNAMICS_METRICS:
+            by_generation: dict[int, list[float]] = {}
+            for history in histories:
+                for step, value in zip(*metric_series(history, key)):
+                    by_generation.setdefault((step - 1) // KL_REGIME, []).append(value)
+            dynamics[arm][key] = [statistics.fmean(by_generation[g]) for g in sorted(by_generation)]
+    return dynamics
+
+
+def format_kl_dynamics(dynamics: dict, args) -> str:
+    """Markdown table of [`kl_dynamics`]: one row per arm and metric, one column per generation batch."""
+    from .warm_start_bench import markdown_table
+
+    generations = max(len(v) for metrics in dynamics.values() for v in metrics.values())
+    header = ["Arm", "Logged metric", *(f"gen. {g + 1}" for g in range(generations))]
+    cells = []
+    for arm, metrics in dynamics.items():
+        for key, name in DYNAMICS_METRICS.items():
+            values = metrics[key]
+            if key == "kl" and not any(values):
+                continue  # no regulariser, no estimate
+            cells.append([arm, name, *(f"{v:.3g}" for v in values), *([""] * (generations - len(values)))])
+    caption = (
+        f"**KL table, logged metrics** per generation batch ({KL_REGIME} optimizer steps each), mean over the "
+        f"{len(args.final_seeds)} final seeds: the regulariser's KL estimate to the warm start, the token entropy and "
+        "the largest importance weight π_θ/π_old of each step."
+    )
     return markdown_table(caption, header, cells)
 
 

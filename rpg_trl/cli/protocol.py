@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -104,8 +105,15 @@ def format_interval(mean: float, half: float, *, scale: float = 1.0, digits: int
     return text if math.isnan(half) else f"{text} ± {half * scale:.{digits}f}"
 
 
+def _canonical(spec: dict) -> dict:
+    """`spec` with each folder (a key ending in ``_dir``) by the real path it names, so that a folder reached through
+    another output directory or a link is the same specification."""
+    return {k: os.path.realpath(v) if k.endswith("_dir") and isinstance(v, str) else v for k, v in spec.items()}
+
+
 def cached_result(run_dir: Path, spec: dict) -> dict | None:
-    """The result stored in `run_dir` by [`run_jobs`] if it was computed for exactly `spec`, else None."""
+    """The result stored in `run_dir` by [`run_jobs`] if it was computed for `spec` (folders compared by their real
+    path), else None."""
     path = Path(run_dir) / RESULT_NAME
     if not path.is_file():
         return None
@@ -113,7 +121,8 @@ def cached_result(run_dir: Path, spec: dict) -> dict | None:
         stored = json.loads(path.read_text())
     except json.JSONDecodeError:
         return None
-    return stored["result"] if stored.get("spec") == spec else None
+    stored_spec = stored.get("spec")
+    return stored["result"] if isinstance(stored_spec, dict) and _canonical(stored_spec) == _canonical(spec) else None
 
 
 def _run_one(worker: Callable, spec: dict, run_dir: str, num_threads: int) -> dict:

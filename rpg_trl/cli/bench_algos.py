@@ -265,32 +265,53 @@ def quiet(trainer) -> None:
     trainer.remove_callback(ProgressCallback)
 
 
-def algorithm_job(spec: dict, run_dir: str) -> dict:
-    """Train `spec["algorithm"]` from the warm start `spec["sft_dir"]` and return its [`run_summary`]."""
+def warm_started(spec: dict, **heldout_kwargs):
+    """The seed's splits, the warm start of `spec` (model, tokenizer) and a held-out callback on them
+    ([`rpg_trl.toy.evaluation.heldout_accuracy_callback`] with `heldout_kwargs`): what every run starts from."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
 
-    from ..config import RPGConfig
-    from ..reinforce_plus_plus import ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
-    from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed, make_splits
+    from ..toy.addition import evaluation_seed, make_splits
     from ..toy.evaluation import heldout_accuracy_callback
-    from ..toy.training import rl_training_kwargs
-    from ..trainer import RPGTrainer
 
-    kind, overrides = ALGORITHMS[spec["algorithm"]]
     seed = spec["seed"]
     splits = make_splits(seed, num_eval=spec["eval_problems"])
     model = AutoModelForCausalLM.from_pretrained(spec["sft_dir"])
     tokenizer = AutoTokenizer.from_pretrained(spec["sft_dir"])
-    accuracy = heldout_accuracy_callback(
+    heldout = heldout_accuracy_callback(
         model,
         tokenizer,
         splits.eval,
         every=spec["eval_every"],
         num_samples=spec["eval_samples"],
         seed=evaluation_seed(seed),
+        **heldout_kwargs,
     )
-    kwargs = rl_training_kwargs(steps=spec["steps"], seed=seed, learning_rate=spec["learning_rate"])
+    return splits, model, tokenizer, heldout
+
+
+def train_quietly(trainer) -> float:
+    """Train without progress bar nor printed logs ([`quiet`]), save the trainer state; return the seconds taken."""
+    quiet(trainer)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    trainer.save_state()
+    return seconds
+
+
+def algorithm_job(spec: dict, run_dir: str) -> dict:
+    """Train `spec["algorithm"]` from the warm start `spec["sft_dir"]` and return its [`run_summary`]."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    from ..config import RPGConfig
+    from ..reinforce_plus_plus import ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
+    from ..toy.addition import addition_reward, build_rl_dataset
+    from ..toy.training import rl_training_kwargs
+    from ..trainer import RPGTrainer
+
+    kind, overrides = ALGORITHMS[spec["algorithm"]]
+    splits, model, tokenizer, accuracy = warm_started(spec)
+    kwargs = rl_training_kwargs(steps=spec["steps"], seed=spec["seed"], learning_rate=spec["learning_rate"])
     kwargs.update(steps_per_generation=spec["regime"], disable_tqdm=True)
     config_class = {"rpg": RPGConfig, "grpo": GRPOConfig, "rfpp": ReinforcePlusPlusConfig}[kind]
     trainer_class = {"rpg": RPGTrainer, "grpo": GRPOTrainer, "rfpp": ReinforcePlusPlusTrainer}[kind]
@@ -302,11 +323,7 @@ def algorithm_job(spec: dict, run_dir: str) -> dict:
         processing_class=tokenizer,
         callbacks=[accuracy],
     )
-    quiet(trainer)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    trainer.save_state()
+    seconds = train_quietly(trainer)
     return run_summary(trainer.state.log_history, accuracy.curve, seconds, spec["regime"])
 
 

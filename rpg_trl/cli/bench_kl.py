@@ -24,7 +24,6 @@ over-optimisation curves of Gao et al., 2022).
 from __future__ import annotations
 
 import statistics
-import time
 from pathlib import Path
 
 
@@ -56,64 +55,43 @@ KL_REGIME = 16
 
 def kl_job(spec: dict, run_dir: str) -> dict:
     """Train one arm of the KL table and return its held-out true and proxy rewards over training and at the end."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     from ..config import RPGConfig
-    from ..toy.addition import build_rl_dataset, evaluation_seed, make_splits
+    from ..toy.addition import build_rl_dataset
     from ..toy.curves import metric_series
-    from ..toy.evaluation import heldout_accuracy_callback
     from ..toy.proxy import PROXY_MAX_COMPLETION_LENGTH, proxy_reward, strict_reward
     from ..toy.training import rl_training_kwargs
     from ..trainer import RPGTrainer
-    from .bench_algos import quiet, run_summary
+    from .bench_algos import run_summary, train_quietly, warm_started
 
     seed = spec["seed"]
-    splits = make_splits(seed, num_eval=spec["eval_problems"])
-    model = AutoModelForCausalLM.from_pretrained(spec["sft_dir"])
-    tokenizer = AutoTokenizer.from_pretrained(spec["sft_dir"])
-    scores = heldout_accuracy_callback(
-        model,
-        tokenizer,
-        splits.eval,
-        every=spec["eval_every"],
-        num_samples=spec["eval_samples"],
-        seed=evaluation_seed(seed),
+    splits, model, tokenizer, scores = warm_started(
+        spec,
         reward_funcs={"accuracy": strict_reward, "proxy": proxy_reward},
         max_new_tokens=PROXY_MAX_COMPLETION_LENGTH,
     )
     kwargs = rl_training_kwargs(steps=spec["steps"], seed=seed, learning_rate=spec["learning_rate"])
     kwargs.update(steps_per_generation=KL_REGIME, max_completion_length=PROXY_MAX_COMPLETION_LENGTH, disable_tqdm=True)
     overrides = dict(ALL_KL_ARMS[spec["arm"]])
+    # The proxy trains (weight 1); the true reward is only logged (weight 0) to draw it next to the proxy.
+    kwargs.update(output_dir=run_dir, reward_weights=[1.0, 0.0], beta=spec["beta"])
     if overrides.pop("trainer", "rpg") == "grpo":
         # RPGConfig's defaults that are not GRPOConfig's: advantage = reward − group mean, clip-higher, token mean.
         shared = {"scale_rewards": "none", "epsilon": 0.2, "epsilon_high": 0.28, "loss_type": "dapo"}
-        trainer_class, config = (
-            GRPOTrainer,
-            GRPOConfig(
-                output_dir=run_dir, reward_weights=[1.0, 0.0], beta=spec["beta"], **shared, **kwargs, **overrides
-            ),
-        )
+        trainer_class, config = GRPOTrainer, GRPOConfig(**shared, **kwargs, **overrides)
     else:
-        overrides = {"estimator": "differentiable", "kl_anchor": "reference", "beta": spec["beta"], **overrides}
-        trainer_class, config = (
-            RPGTrainer,
-            RPGConfig(output_dir=run_dir, reward_weights=[1.0, 0.0], **kwargs, **overrides),
-        )
+        shared = {"estimator": "differentiable", "kl_anchor": "reference"}
+        trainer_class, config = RPGTrainer, RPGConfig(**{**shared, **kwargs, **overrides})
     trainer = trainer_class(
         model=model,
-        # The proxy trains (weight 1); the true reward is only logged (weight 0) to draw it next to the proxy.
         reward_funcs=[proxy_reward, strict_reward],
         args=config,
         train_dataset=build_rl_dataset(splits.rl),
         processing_class=tokenizer,
         callbacks=[scores],
     )
-    quiet(trainer)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    trainer.save_state()
+    seconds = train_quietly(trainer)
     history = trainer.state.log_history
     summary = run_summary(history, scores.curve, seconds, KL_REGIME)
     lengths = metric_series(history, "completions/mean_length")[1][-KL_REGIME:]

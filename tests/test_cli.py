@@ -223,7 +223,7 @@ def test_bench_arguments_presets_and_errors():
     assert bench_algos.BenchAlgosArguments(final_seed_start=7, num_final_seeds=3).final_seeds == [7, 8, 9]
     with pytest.raises(ValueError, match="Unknown algorithm.*'PPO'"):
         bench_algos.BenchAlgosArguments(algorithms=["PPO"])
-    with pytest.raises(ValueError, match="must be fresh: \\[101\\]"):
+    with pytest.raises(ValueError, match="must be fresh: \\[100, 101\\]"):
         bench_algos.BenchAlgosArguments(final_seed_start=99, num_final_seeds=3)
     with pytest.raises(ValueError, match="must include 'GRPO'"):
         bench_algos.BenchAlgosArguments(algorithms=["DAPO"])

@@ -13,6 +13,8 @@ r"""The shape shared by ``rpg-trl bench-algos`` and ``rpg-trl bench-async``: sev
   of a table row and of a plotted curve; [`markdown_table`], [`pyplot`] and [`save_figure`]: the table and the figure.
 
 Each command gives what is its own: the arms, how one is trained, the table's columns and the plot's panels.
+``rpg-trl bench-async`` runs this loop; ``rpg-trl bench-algos`` runs its own protocol (selection and final seeds,
+jobs over worker processes: [`rpg_trl.cli.protocol`]) with the presets, summaries, table and figure helpers here.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from tokenizers import Regex, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
 
 from rpg_trl import RPGTrainer  # noqa: E402
-from rpg_trl.reliability import VLLMServerError  # noqa: E402
+from rpg_trl.reliability import VLLMServerError, shutdown_colocated_vllm  # noqa: E402
 from rpg_trl.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
 
 from helpers.tiny_runs import PROMPTS, count_sevens, logged, tiny_run_args  # noqa: E402
@@ -73,15 +73,26 @@ def vllm_server(vllm_model, tmp_path_factory):
     server.stop()
 
 
+#: The trainers built by the running test, whose colocated engines its teardown shuts down.
+TRAINERS = []
+
+
 @pytest.fixture(autouse=True)
 def bridges(tmp_path, monkeypatch):
-    """The trainer-side CPU stand-ins, and the colocated engine's environment (own TMPDIR, 1 GiB KV cache)."""
+    """The trainer-side CPU stand-ins, and the colocated engine's environment (own TMPDIR, 1 GiB KV cache). At the end
+    of the test, its colocated engines are shut down while their process groups exist: left to vLLM's exit finalizer,
+    they would shut down after `RPGTrainer`'s exit hook destroyed the groups (`ValueError: Invalid process group
+    specified` after pytest's summary), and a later test's engine would share the first one's groups."""
     for key, value in vllm_cpu_env(tmp_path).items():
         if key.startswith("VLLM_") or key == "TMPDIR":
             monkeypatch.setenv(key, value)
     monkeypatch.setattr("tempfile.tempdir", None)
-    with cpu_bridges():
-        yield
+    try:
+        with cpu_bridges():
+            yield
+    finally:
+        while TRAINERS:
+            shutdown_colocated_vllm(TRAINERS.pop())
 
 
 class RecordingRPGTrainer(RPGTrainer):
@@ -93,6 +104,7 @@ class RecordingRPGTrainer(RPGTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        TRAINERS.append(self)
         self.generations, self.syncs, self.losses, self.vllm_calls = [], [], [], []
         sync, generate = self.vllm_generation.sync_weights, self.vllm_generation.generate
 

@@ -32,6 +32,7 @@ if not AVAILABLE:
     pytest.skip(WHY, allow_module_level=True)
 
 import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 from tokenizers import Regex, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
 
@@ -601,3 +602,40 @@ def test_rpg_math_recipe_topology_zero2_colocated_vllm_two_processes_and_resume(
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]  # steps 1-2 from checkpoint-2's state
     assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3])
     _processes(Run(resumed, output), "DEEPSPEED")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the test extra)")
+def test_rpg_math_zero3_two_processes_with_a_vllm_server_and_kl_triggered_reference_sync(
+    vllm_server, vllm_model, tmp_path
+):
+    """The same scaled-down recipe under `accelerate_configs/deepspeed_zero3.yaml` with 2 CPU processes against one
+    `trl vllm-serve` (TRL gathers the ZeRO-3 partitions for each sync), with a reference model synced whenever the
+    token KL to it exceeds 1e-6: ZeRO-3 partitioned the policy and the reference on both processes, the reference was
+    synced, and the server's log-probs equal the trainer's at both generations."""
+    from test_launch_configs import Run, _processes, _sharded, _zero_checkpoint
+
+    train = math_problems(tmp_path / "train.jsonl")
+    args = [*RECIPE_SCALED_DOWN, "--vllm_mode", "server", "--vllm_server_base_url", vllm_server.url]
+    args += ["--kl_anchor", "reference", "--beta", "0.1", "--ref_model_sync_kl_threshold", "1e-6"]
+    args += ["--ref_model_sync_kl_ema", "0"]
+    run, output = launch_rpg_math(tmp_path, "run", vllm_model, train, args, "deepspeed_zero3.yaml", 2)
+    assert "with 2 process(es)" in output
+    assert "Traceback" not in output, output[-4000:]
+    reports = _processes(Run(run, output), "DEEPSPEED")
+    full_numel = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(vllm_model).parameters())
+    _zero_checkpoint(Run(run, output), 3, trainable_numel=full_numel)
+    _sharded(reports, "policy", full_numel)
+    _sharded(reports, "reference", full_numel)
+    history = rpg_math_history(run)
+    assert [entry["step"] for entry in history] == [1, 2, 3, 4]
+    assert_vllm_agreed(history, [1, 3])
+    # The KL at each generation boundary (steps 2 and 4) is far above 1e-6: the reference was synced at both, and in
+    # checkpoint-2 it is the policy of that step, which moved away from the initial model.
+    assert [entry["kl"] > 1e-6 for entry in history] == [False, True, False, True], history
+    assert [entry["ref/syncs"] for entry in history] == [0.0, 1.0, 1.0, 2.0], history
+    reference = load_file(run / "checkpoint-2" / "rpg_reference.safetensors")
+    policy = load_file(run / "checkpoint-2" / "model.safetensors")
+    initial = load_file(Path(vllm_model) / "model.safetensors")
+    assert sorted(reference) == sorted(policy)
+    assert all(torch.equal(reference[name], policy[name]) for name in policy)
+    assert any(not torch.equal(policy[name], initial[name]) for name in initial)

@@ -37,7 +37,7 @@ from rpg_trl.losses import PAPER_NAMES
 from rpg_trl.math_task.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
 from rpg_trl.math_task.rewards import accuracy_reward, format_reward, get_soft_overlong_punishment
 from rpg_trl.reinforce_plus_plus import BASELINE_NAMES, ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
-from rpg_trl.reliability import ReliabilityMixin
+from rpg_trl.reliability import ReliabilityMixin, shutdown_colocated_vllm
 
 from eval_math import load_eval_sets  # the sibling script: benchmarks by name ('aime24', ...) or files
 
@@ -240,7 +240,9 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
     trainer.accelerator.print(f"Model saved to {args.output_dir}.")
     if args.push_to_hub:
         trainer.push_to_hub(dataset_name=script_args.train_dataset)
-    # Close the trackers and the process group (`Trainer.end()` in recent transformers does only this).
+    # A colocated vLLM engine first, while its process groups exist (else vLLM's own shutdown at exit fails on them);
+    # then the trackers and the process group (`Trainer.end()` in recent transformers does only this).
+    shutdown_colocated_vllm(trainer)
     trainer.accelerator.end_training()
 
 

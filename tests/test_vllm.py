@@ -7,6 +7,7 @@ Every weight sync is checked: vLLM's log-probs of the sampled tokens equal the t
 own importance-sampling ratio and directly against a forward pass of each sequence, unpadded, as vLLM sees it.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -31,13 +32,15 @@ if not AVAILABLE:
     pytest.skip(WHY, allow_module_level=True)
 
 import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
 from tokenizers import Regex, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
 
 from rpg_trl import RPGTrainer  # noqa: E402
-from rpg_trl.reliability import VLLMServerError  # noqa: E402
+from rpg_trl.reliability import VLLMServerError, shutdown_colocated_vllm  # noqa: E402
 from rpg_trl.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
 
+from helpers.ports import free_port  # noqa: E402
 from helpers.tiny_runs import PROMPTS, count_sevens, logged, tiny_run_args  # noqa: E402
 
 
@@ -45,6 +48,16 @@ ROOT = TESTS_DIR.parent
 #: vLLM's and the trainer's log-probs of the same tokens, both float32 (measured: below 1e-6).
 LOGP_TOL = 1e-4
 MAX_MODEL_LEN = 512
+#: The training subprocesses' path: the CPU stand-ins' `sitecustomize`, `tests/` (for `helpers`), `examples/`, then the
+#: caller's own PYTHONPATH.
+LAUNCH_PYTHONPATH = os.pathsep.join(
+    [
+        str(TESTS_DIR / "helpers" / "vllm_cpu_site"),
+        str(TESTS_DIR),
+        str(ROOT / "examples"),
+        os.environ.get("PYTHONPATH", ""),
+    ]
+).rstrip(os.pathsep)
 
 
 def printable_tokenizer():
@@ -73,15 +86,26 @@ def vllm_server(vllm_model, tmp_path_factory):
     server.stop()
 
 
+#: The trainers built by the running test, whose colocated engines its teardown shuts down.
+TRAINERS = []
+
+
 @pytest.fixture(autouse=True)
 def bridges(tmp_path, monkeypatch):
-    """The trainer-side CPU stand-ins, and the colocated engine's environment (own TMPDIR, 1 GiB KV cache)."""
+    """The trainer-side CPU stand-ins, and the colocated engine's environment (own TMPDIR, 1 GiB KV cache). At the end
+    of the test, its colocated engines are shut down while their process groups exist: left to vLLM's exit finalizer,
+    they would shut down after `RPGTrainer`'s exit hook destroyed the groups (`ValueError: Invalid process group
+    specified` after pytest's summary), and a later test's engine would share the first one's groups."""
     for key, value in vllm_cpu_env(tmp_path).items():
         if key.startswith("VLLM_") or key == "TMPDIR":
             monkeypatch.setenv(key, value)
     monkeypatch.setattr("tempfile.tempdir", None)
-    with cpu_bridges():
-        yield
+    try:
+        with cpu_bridges():
+            yield
+    finally:
+        while TRAINERS:
+            shutdown_colocated_vllm(TRAINERS.pop())
 
 
 class RecordingRPGTrainer(RPGTrainer):
@@ -93,6 +117,7 @@ class RecordingRPGTrainer(RPGTrainer):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        TRAINERS.append(self)
         self.generations, self.syncs, self.losses, self.vllm_calls = [], [], [], []
         sync, generate = self.vllm_generation.sync_weights, self.vllm_generation.generate
 
@@ -360,9 +385,7 @@ def test_rpg_math_under_accelerate_launch_with_a_vllm_server(vllm_server, vllm_m
     output_dir = tmp_path / "run"
     env = vllm_cpu_env(
         tmp_path,
-        PYTHONPATH=os.pathsep.join(
-            [str(TESTS_DIR / "helpers" / "vllm_cpu_site"), str(TESTS_DIR), str(ROOT / "examples")]
-        ),
+        PYTHONPATH=LAUNCH_PYTHONPATH,
         RPG_VLLM_CPU_BRIDGES="1",
         OMP_NUM_THREADS="1",
         HF_DATASETS_OFFLINE="1",
@@ -455,3 +478,164 @@ def test_server_killed_mid_run_stops_with_its_url_and_the_run_resumes(vllm_serve
     assert resumed.syncs[0] == 2  # the restarted server gets the checkpoint's weights before it samples
     assert_every_sync_agrees(resumed)
     assert [h["step"] for h in resumed.state.log_history if "loss" in h] == [1, 2, 3, 4]
+
+
+def launch_rpg_math(tmp_path, name, model, train, script_args, config=None, processes=1, timeout=300):
+    """`accelerate launch [--config_file accelerate_configs/<config>] tests/helpers/cpu_launch.py examples/rpg_math.py`
+    with `processes` CPU processes, the trainer-side CPU stand-ins installed in each (`vllm_cpu_site`), and each process
+    reporting what it ran (`RPG_LAUNCH_REPORT`, read by `test_launch_configs._processes`). Returns (output folder, the
+    launcher's output)."""
+    output_dir = tmp_path / name
+    env = vllm_cpu_env(
+        tmp_path,
+        PYTHONPATH=LAUNCH_PYTHONPATH,
+        RPG_VLLM_CPU_BRIDGES="1",
+        RPG_LAUNCH_REPORT=str(output_dir / "backend"),
+        OMP_NUM_THREADS="1",
+        HF_DATASETS_OFFLINE="1",
+        WANDB_DISABLED="true",
+        TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"),  # empty: a DeepSpeed JIT build would show
+    )
+    command = [sys.executable, "-m", "accelerate.commands.launch"]
+    if config:
+        command += ["--config_file", str(ROOT / "accelerate_configs" / config)]
+    else:
+        command += ["--cpu"]
+    command += ["--num_processes", str(processes), "--num_machines", "1", "--main_process_port", str(free_port())]
+    command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+    command += [str(TESTS_DIR / "helpers" / "cpu_launch.py"), str(ROOT / "examples" / "rpg_math.py")]
+    command += ["--model_name_or_path", str(model), "--train_dataset", str(train), "--output_dir", str(output_dir)]
+    command += [*script_args]
+    started = time.monotonic()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    print(f"{name}: launched and done in {time.monotonic() - started:.0f} s")
+    return output_dir, output
+
+
+def math_problems(path):
+    rows = [{"problem": f"What is {a}+{b}?", "answer": str(a + b)} for a in range(1, 9) for b in range(1, 4)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+#: recipes/rpg_reinforce_urkl.yaml (RPG-REINFORCE-URKL, RPG-Style Clip, dynamic sampling on accuracy, vLLM colocated)
+#: scaled down to the tiny model and 2 CPU processes: 4 steps of 8 completions, 2 per generation batch of 4 prompts x 4
+#: (generations before steps 1 and 3), 16 tokens, both generation rounds of dynamic sampling used (the tiny model never
+#: answers right: every group has accuracy 0), overlong punishment over the whole completion (rewards differ within
+#: groups), float32, a learning rate at which 2 steps change the log-probs, a checkpoint at steps 2 and 4.
+RECIPE_SCALED_DOWN = [
+    "--config", str(ROOT / "recipes" / "rpg_reinforce_urkl.yaml"),
+    "--max_steps", "4", "--generation_batch_size", "16", "--num_generations", "4",
+    "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1",
+    "--max_completion_length", "16", "--overlong_buffer", "16", "--dynamic_sampling_max_rounds", "2",
+    "--vllm_max_model_length", str(MAX_MODEL_LEN), "--dtype", "float32", "--bf16", "false", "--use_cpu", "true",
+    "--optim", "adamw_torch", "--learning_rate", "1e-2", "--warmup_steps", "0", "--gradient_checkpointing", "false",
+    "--eval_strategy", "no", "--logging_steps", "1", "--save_steps", "2", "--save_only_model", "false",
+    "--disable_tqdm", "true", "--seed", "0",
+]  # fmt: skip
+
+
+def rpg_math_history(output_dir, checkpoint="checkpoint-4"):
+    state = json.loads((output_dir / checkpoint / "trainer_state.json").read_text())
+    return [entry for entry in state["log_history"] if "loss" in entry]
+
+
+def assert_vllm_agreed(history, generation_steps):
+    """At every logged step that generated (the first of each generation batch), vLLM's log-probs of the sampled tokens
+    equal the trainer's (TRL's logged gap and importance-sampling ratio, over both processes)."""
+    generated = [entry["step"] for entry in history if "sampling/sampling_logp_difference/max" in entry]
+    assert generated == generation_steps, generated
+    for entry in history:
+        if entry["step"] in generation_steps:
+            assert entry["sampling/sampling_logp_difference/max"] <= LOGP_TOL, entry
+            for key in ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max"):
+                assert abs(entry[key] - 1.0) <= 2 * LOGP_TOL, (key, entry)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the test extra)")
+def test_rpg_math_recipe_topology_zero2_colocated_vllm_two_processes_and_resume(vllm_model, tmp_path):
+    """The paper's recipe topology, scaled down: `accelerate launch --config_file accelerate_configs/deepspeed_zero2.yaml`
+    with 2 CPU processes, `examples/rpg_math.py --config recipes/rpg_reinforce_urkl.yaml` (vLLM colocated on every
+    rank, dynamic sampling). ZeRO-2 really ran; the weights changed between the two generations and vLLM's log-probs
+    equal the trainer's at both; resumed from checkpoint-2 in a fresh launch (fresh engines, synced from the
+    checkpoint's weights), the run trains steps 3-4 and vLLM agrees again; every process exits without a traceback."""
+    from test_launch_configs import Run, _processes, _zero_checkpoint
+
+    train = math_problems(tmp_path / "train.jsonl")
+    run, output = launch_rpg_math(tmp_path, "run", vllm_model, train, RECIPE_SCALED_DOWN, "deepspeed_zero2.yaml", 2)
+    assert "with 2 process(es)" in output and "dynamic sampling on" in output
+    assert "Traceback" not in output and "Invalid process group" not in output, output[-4000:]
+    # ZeRO-2 ran on both processes (not a fallback to DDP or to one process), as tests/test_launch_configs.py proves it.
+    for report in _processes(Run(run, output), "DEEPSPEED"):
+        assert report["wrapper"] == "DeepSpeedEngine" and report["policy"]["zero3_partitioned"] == 0
+    full_numel = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(vllm_model).parameters())
+    _zero_checkpoint(Run(run, output), 2, trainable_numel=full_numel)
+
+    history = rpg_math_history(run)
+    assert [entry["step"] for entry in history] == [1, 2, 3, 4]
+    assert all(math.isfinite(entry["loss"]) for entry in history)
+    assert [entry.get("dynamic_sampling/rounds") for entry in history if entry["step"] in (1, 3)] == [2.0, 2.0]
+    assert_vllm_agreed(history, [1, 3])
+    # The second generation (before step 3) was sampled after 2 updates: log-probs moved far beyond the 1e-4 agreement,
+    # so a missed sync would have shown (the initial model against checkpoint-2's, on one prompt + completion).
+    initial = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32)
+    updated = AutoModelForCausalLM.from_pretrained(run / "checkpoint-2", dtype=torch.float32)
+    tokens = printable_tokenizer()("What is 3+2? Answer: 5")["input_ids"]
+    with torch.no_grad():
+        gap = sequence_logps(initial, tokens[:12], tokens[12:]) - sequence_logps(updated, tokens[:12], tokens[12:])
+    assert gap.abs().max() > 1e-2, gap
+
+    resumed, output = launch_rpg_math(
+        tmp_path,
+        "resumed",
+        vllm_model,
+        train,
+        [*RECIPE_SCALED_DOWN, "--resume_from_checkpoint", str(run / "checkpoint-2")],
+        "deepspeed_zero2.yaml",
+        2,
+    )
+    assert "Traceback" not in output and "Invalid process group" not in output, output[-4000:]
+    assert output.count("{'loss'") == 2  # steps 3 and 4 only
+    history = rpg_math_history(resumed)
+    assert [entry["step"] for entry in history] == [1, 2, 3, 4]  # steps 1-2 from checkpoint-2's state
+    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3])
+    _processes(Run(resumed, output), "DEEPSPEED")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the test extra)")
+def test_rpg_math_zero3_two_processes_with_a_vllm_server_and_kl_triggered_reference_sync(
+    vllm_server, vllm_model, tmp_path
+):
+    """The same scaled-down recipe under `accelerate_configs/deepspeed_zero3.yaml` with 2 CPU processes against one
+    `trl vllm-serve` (TRL gathers the ZeRO-3 partitions for each sync), with a reference model synced whenever the
+    token KL to it exceeds 1e-6: ZeRO-3 partitioned the policy and the reference on both processes, the reference was
+    synced, and the server's log-probs equal the trainer's at both generations."""
+    from test_launch_configs import Run, _processes, _sharded, _zero_checkpoint
+
+    train = math_problems(tmp_path / "train.jsonl")
+    args = [*RECIPE_SCALED_DOWN, "--vllm_mode", "server", "--vllm_server_base_url", vllm_server.url]
+    args += ["--kl_anchor", "reference", "--beta", "0.1", "--ref_model_sync_kl_threshold", "1e-6"]
+    args += ["--ref_model_sync_kl_ema", "0"]
+    run, output = launch_rpg_math(tmp_path, "run", vllm_model, train, args, "deepspeed_zero3.yaml", 2)
+    assert "with 2 process(es)" in output
+    assert "Traceback" not in output, output[-4000:]
+    reports = _processes(Run(run, output), "DEEPSPEED")
+    full_numel = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(vllm_model).parameters())
+    _zero_checkpoint(Run(run, output), 3, trainable_numel=full_numel)
+    _sharded(reports, "policy", full_numel)
+    _sharded(reports, "reference", full_numel)
+    history = rpg_math_history(run)
+    assert [entry["step"] for entry in history] == [1, 2, 3, 4]
+    assert_vllm_agreed(history, [1, 3])
+    # The KL at each generation boundary (steps 2 and 4) is far above 1e-6: the reference was synced at both, and in
+    # checkpoint-2 it is the policy of that step, which moved away from the initial model.
+    assert [entry["kl"] > 1e-6 for entry in history] == [False, True, False, True], history
+    assert [entry["ref/syncs"] for entry in history] == [0.0, 1.0, 1.0, 2.0], history
+    reference = load_file(run / "checkpoint-2" / "rpg_reference.safetensors")
+    policy = load_file(run / "checkpoint-2" / "model.safetensors")
+    initial = load_file(Path(vllm_model) / "model.safetensors")
+    assert sorted(reference) == sorted(policy)
+    assert all(torch.equal(reference[name], policy[name]) for name in policy)
+    assert any(not torch.equal(policy[name], initial[name]) for name in initial)

@@ -16,7 +16,8 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
   `max_completion_length`, exceeds the model's positions is reported once.
 * [`rpg_trl.reliability.importance_weights`]: exploding importance weights are reported (rate-limited), by a mixin of
   its own ([`ImportanceWeightMonitorMixin`]) that the RPG trainers list in their class line.
-* [`rpg_trl.reliability.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock.
+* [`rpg_trl.reliability.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock; a colocated
+  vLLM engine is shut down before the process groups it uses.
 * [`rpg_trl.reliability.vllm_server`]: in vLLM server mode, a server that serves another model is refused before
   training, and a server that stops answering stops the run with an error naming its URL, in bounded time.
 """
@@ -28,7 +29,7 @@ from .checks import check_prompt_column, check_sequence_length
 from .generation_state import load_generation_state, save_generation_state
 from .importance_weights import ImportanceWeightMonitor, ImportanceWeightMonitorMixin
 from .reward_guard import RewardFunctionError, RewardGuard
-from .teardown import hold_process_group_until_exit
+from .teardown import hold_process_group_until_exit, shutdown_colocated_vllm
 from .vllm_server import VLLMServerError, check_server_model, server_errors_named
 
 
@@ -83,4 +84,5 @@ __all__ = [
     "VLLMServerError",
     "check_prompt_column",
     "check_sequence_length",
+    "shutdown_colocated_vllm",
 ]

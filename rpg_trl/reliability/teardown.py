@@ -15,6 +15,11 @@ before the worker got it, the process stops at exit:
 [`hold_process_group_until_exit`] keeps a reference to the group so that no DDP wrapper is its last owner, and at
 exit, before finalization, destroys it in an order in which the workers can finish (see [`release_process_groups`]).
 [`~rpg_trl.RPGTrainer`] calls it when it runs in a gloo process group; scripts with other trainers may call it too.
+
+A colocated vLLM engine (`vllm_mode="colocate"`) ends its own process groups when it is shut down, by default at
+interpreter exit, after the script's `destroy_process_group()` (`Accelerator.end_training()`) or the atexit hook above
+destroyed them: vLLM then prints `ValueError: Invalid process group specified` at exit. [`shutdown_colocated_vllm`]
+shuts the engine down first, while its groups still exist.
 """
 
 from __future__ import annotations
@@ -72,3 +77,21 @@ def release_process_groups() -> None:
     if _HELD:
         time.sleep(WORKER_GRACE_SECONDS)
     _HELD.clear()
+
+
+def shutdown_colocated_vllm(trainer) -> bool:
+    """
+    Shuts down the trainer's colocated vLLM engine (`vllm_mode="colocate"`), if it has one, while the process groups
+    it uses still exist. Call it once training and evaluation are over, before `Accelerator.end_training()`; vLLM's
+    shutdown ends the distributed environment (the default process group included, which `end_training()` then finds
+    destroyed). The trainer cannot generate with vLLM afterwards.
+
+    Returns:
+        `bool`: Whether an engine was shut down (False in server mode, without vLLM, or when already shut down).
+    """
+    generation = getattr(trainer, "vllm_generation", None)
+    if getattr(generation, "mode", None) != "colocate" or getattr(generation, "llm", None) is None:
+        return False
+    generation.llm.llm_engine.engine_core.shutdown()  # detaches vLLM's exit finalizer: it runs once, now
+    generation.llm = None
+    return True

@@ -357,11 +357,11 @@ def warm_starts(args: BenchAlgosArguments, seeds: list[int], pool) -> dict[int, 
     return {spec["seed"]: run_dir for spec, run_dir in jobs}
 
 
-def _algorithm_spec(args, sft_dirs, algorithm, regime, learning_rate, seed) -> dict:
+def run_spec(args, sft_dirs: dict[int, str], seed: int, **arm) -> dict:
+    """The specification of one run (what its cached result is keyed by): the `arm`'s settings, the seed and its warm
+    start, and the budget and evaluation shared by every run of the command."""
     return {
-        "algorithm": algorithm,
-        "regime": regime,
-        "learning_rate": learning_rate,
+        **arm,
         "seed": seed,
         "sft_dir": sft_dirs[seed],
         "steps": args.steps,
@@ -396,7 +396,9 @@ def run_algorithms_table(args: BenchAlgosArguments, sft_dirs: dict[int, str], po
             for algorithm in args.algorithms:
                 for learning_rate in rates_of(regime, algorithm):
                     for seed in seeds:
-                        spec = _algorithm_spec(args, sft_dirs, algorithm, regime, learning_rate, seed)
+                        spec = run_spec(
+                            args, sft_dirs, seed, algorithm=algorithm, regime=regime, learning_rate=learning_rate
+                        )
                         run_dir = root / f"spg{regime}" / algorithm / _lr_name(learning_rate) / f"seed{seed}"
                         jobs.append((spec, str(run_dir)))
         return jobs

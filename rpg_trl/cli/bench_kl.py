@@ -108,21 +108,13 @@ def kl_job(spec: dict, run_dir: str) -> dict:
 
 
 def _kl_jobs(args, sft_dirs, arms, betas, seeds, root: Path) -> list[tuple[dict, str]]:
+    from .bench_algos import run_spec
+
     jobs = []
     for arm in arms:
         for beta in [0.0] if ALL_KL_ARMS[arm].get("beta") == 0.0 else betas:
             for seed in seeds:
-                spec = {
-                    "arm": arm,
-                    "beta": beta,
-                    "learning_rate": args.kl_learning_rate,
-                    "seed": seed,
-                    "sft_dir": sft_dirs[seed],
-                    "steps": args.steps,
-                    "eval_every": args.eval_every,
-                    "eval_problems": args.eval_problems,
-                    "eval_samples": args.eval_samples,
-                }
+                spec = run_spec(args, sft_dirs, seed, arm=arm, beta=beta, learning_rate=args.kl_learning_rate)
                 name = arm.replace(", ", "-").replace(" ", "_").replace("(", "").replace(")", "")
                 jobs.append((spec, str(root / name / f"beta{beta:g}" / f"seed{seed}")))
     return jobs

@@ -22,7 +22,7 @@
 #                            [--bench-repeats N] [--bench-modes full,lora] [--wheels DIR]
 #   bash examples/gpu_run.sh --fetch-wheels [--wheels DIR]
 #
-# --dry-run does the same on CPU with the tiny Qwen3 of rpg_trl.toy and tiny lengths (the GPU tests through
+# --dry-run does the same on CPU with the tiny Qwen3 of rpg_trl.tools.toy and tiny lengths (the GPU tests through
 # RPG_GPU_DRY_RUN=1, DeepSpeed skipped; bench-1k full and bench-4k LoRA only, unless --bench-modes is given): it proves
 # the run works before a GPU is at hand.
 #
@@ -197,13 +197,13 @@ EOF
 if has_stage e2e; then
     echo "== e2e: examples/rpg_math.py under accelerate launch, 20 steps, checkpoint, resume"
     # The model of tests/test_gpu.py (HALF_B, ~0.5B; the tiny one in the dry run) with a character tokenizer covering
-    # the paper's prompt, and a math parquet in the authors' schema (the rows of tests/test_data.py's authors_row).
+    # the paper's prompt, and a math parquet in the authors' schema (the rows of tests/test_math_task_data.py's authors_row).
     "$PY" - "$WORK" <<'EOF'
 import os, string, sys
 
 sys.path.insert(0, "tests")
-from rpg_trl.toy import build_char_tokenizer, save_tiny_model
-from test_data import authors_row, write_parquet
+from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model
+from test_math_task_data import authors_row, write_parquet
 from test_gpu import MODEL_SIZES
 
 work = sys.argv[1]
@@ -315,7 +315,7 @@ bench() {  # bench LENGTH MODE
     fi
     [[ $mode == lora ]] && args+=(--lora)
     echo "== $name: rpg-trl bench-speed ${args[*]}"
-    "$PY" -m rpg_trl.cli bench-speed "${args[@]}" 2>&1 | tee "$RESULTS/$name.md"
+    "$PY" -m rpg_trl.tools.cli bench-speed "${args[@]}" 2>&1 | tee "$RESULTS/$name.md"
 }
 for stage in bench-1k bench-4k; do
     has_stage "$stage" || continue

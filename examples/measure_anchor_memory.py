@@ -24,7 +24,7 @@ from trl import TrlParser
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.ref_sync.weights import REF_ADAPTER
-from rpg_trl.toy import build_char_tokenizer, save_tiny_model
+from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model
 
 
 @dataclass

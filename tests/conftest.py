@@ -30,6 +30,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """A saved tiny Qwen3 + character tokenizer, loadable by path like a hub id."""
-    from rpg_trl.toy import save_tiny_model
+    from rpg_trl.tools.toy import save_tiny_model
 
     return save_tiny_model(tmp_path_factory.mktemp("tiny-qwen3"))

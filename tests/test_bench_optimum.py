@@ -6,16 +6,15 @@ import math
 import pytest
 import torch
 
-from rpg_trl.cli.bench_optimum import (
-    VARIANTS,
-    BenchOptimumArguments,
+from rpg_trl.losses import PAPER_NAMES, rpg_per_token_loss
+from rpg_trl.tools.cli.bench_optimum import VARIANTS, BenchOptimumArguments
+from rpg_trl.tools.cli.optima import (
     effective_reward_scale,
     forward_kl_optimum,
     kl_optimum,
     reverse_kl_optimum,
     total_variation,
 )
-from rpg_trl.losses import PAPER_NAMES, rpg_per_token_loss
 
 
 # ---- closed forms, checked against hand computations ----------------------------------------------------------------
@@ -159,8 +158,8 @@ def test_trainer_lands_on_its_own_objectives_optimum(tmp_path):
     optimum it is meant to reach."""
     from tqdm.auto import tqdm
 
-    from rpg_trl.cli.bench_optimum import build_task, train_variant
-    from rpg_trl.toy import cpu_session
+    from rpg_trl.tools.cli.bench_optimum import build_task, train_variant
+    from rpg_trl.tools.toy import cpu_session
 
     # 60 steps of 48 completions: the distance to the own optimum is 0.02-0.08 over seeds 0-3 (0.015-0.035 after the
     # benchmark's 300 steps of 128), against 0.44 between the optima.

@@ -1,4 +1,4 @@
-"""Tests of `rpg-trl bench-optimum --completion_length 2` (`rpg_trl.cli.bench_optimum_sequence`): the tree of
+"""Tests of `rpg-trl bench-optimum --completion_length 2` (`rpg_trl.tools.cli.bench_optimum_sequence`): the tree of
 completions, the exact fixed points (kl_level="sequence" lands on the closed-form optimum over completions, "token" does
 not) and a short training run of each level."""
 
@@ -7,14 +7,15 @@ import math
 import pytest
 import torch
 
-from rpg_trl.cli.bench_optimum import BenchOptimumArguments, kl_optimum, total_variation
-from rpg_trl.cli.bench_optimum_sequence import (
+from rpg_trl.tools.cli.bench_optimum import BenchOptimumArguments
+from rpg_trl.tools.cli.bench_optimum_sequence import (
     FIXED_POINTS,
     SEQUENCE_VARIANTS,
     Tree,
     completion_reward,
     exact_fixed_point,
 )
+from rpg_trl.tools.cli.optima import kl_optimum, total_variation
 
 
 def test_the_tree_holds_every_completion_once_and_its_probabilities_sum_to_one():
@@ -87,8 +88,8 @@ def test_training_lands_on_the_optimum_with_sequence_kl_and_on_the_token_fixed_p
     optimum over completions; the token level ends near its own exact fixed point, far from that optimum."""
     from tqdm.auto import tqdm
 
-    from rpg_trl.cli.bench_optimum_sequence import build_sequence_task, train_sequence_variant
-    from rpg_trl.toy import cpu_session
+    from rpg_trl.tools.cli.bench_optimum_sequence import build_sequence_task, train_sequence_variant
+    from rpg_trl.tools.toy import cpu_session
 
     names = ["RPG-REINFORCE-FKL (sequence)", "RPG-REINFORCE-FKL (token)"]
     args = BenchOptimumArguments(

@@ -6,12 +6,12 @@ import subprocess
 import sys
 
 from rpg_trl import cli
-from rpg_trl.cli.bench_speed import add_arguments, settings
-from rpg_trl.toy import make_fixed_rollout
+from rpg_trl.tools.cli.bench_speed import add_arguments, settings
+from rpg_trl.tools.toy import make_fixed_rollout
 
 
 def test_fixed_rollout_is_deterministic_and_varies_within_a_group():
-    from rpg_trl.toy import build_char_tokenizer
+    from rpg_trl.tools.toy import build_char_tokenizer
 
     class FakeTrainer:
         processing_class = build_char_tokenizer()
@@ -26,7 +26,7 @@ def test_fixed_rollout_is_deterministic_and_varies_within_a_group():
 
 
 def test_both_entry_points_record_the_same_settings():
-    """`rpg-trl bench-speed` and `python -m rpg_trl.cli.bench_speed` parse to different namespaces (the former carries the
+    """`rpg-trl bench-speed` and `python -m rpg_trl.tools.cli.bench_speed` parse to different namespaces (the former carries the
     subcommand and its function, which `json.dumps` refused, losing the measurements); the report records the same
     options from both."""
     argv = ["--quick", "--device", "cpu", "--steps", "3", "--output-json", "out.json"]
@@ -42,7 +42,17 @@ def test_both_entry_points_record_the_same_settings():
 def test_bench_speed_quick_writes_its_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "rpg_trl.cli", "bench-speed", "--quick", "--device", "cpu", "--output-json", str(out)],
+        [
+            sys.executable,
+            "-m",
+            "rpg_trl.tools.cli",
+            "bench-speed",
+            "--quick",
+            "--device",
+            "cpu",
+            "--output-json",
+            str(out),
+        ],
         capture_output=True,
         text=True,
         timeout=600,

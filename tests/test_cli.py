@@ -13,8 +13,8 @@ from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
 from rpg_trl import RPGConfig, RPGTrainer, cli
-from rpg_trl.cli import bench_algos, plot
-from rpg_trl.toy import build_char_tokenizer, build_tiny_qwen3, curves, no_activation_checkpointing
+from rpg_trl.tools.cli import bench_algos, plot
+from rpg_trl.tools.toy import build_char_tokenizer, build_tiny_qwen3, curves, no_activation_checkpointing
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -90,7 +90,7 @@ def test_options_from_a_yaml_config_file(tmp_path):
 
 def test_console_script_help():
     result = subprocess.run(
-        [sys.executable, "-m", "rpg_trl.cli", "--help"], capture_output=True, text=True, timeout=120, check=True
+        [sys.executable, "-m", "rpg_trl.tools.cli", "--help"], capture_output=True, text=True, timeout=120, check=True
     )
     assert "demo" in result.stdout and "plot" in result.stdout and "bench-algos" in result.stdout
 

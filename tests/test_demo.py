@@ -1,5 +1,5 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Tests of the addition task (`rpg_trl.toy`) and of `rpg-trl demo` (`rpg_trl.cli.demo`): the task, the held-out accuracy and an end-to-end `rpg-trl demo` smoke run."""
+"""Tests of the addition task (`rpg_trl.tools.toy`) and of `rpg-trl demo` (`rpg_trl.tools.cli.demo`): the task, the held-out accuracy and an end-to-end `rpg-trl demo` smoke run."""
 
 import json
 import math
@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from rpg_trl.cli import main
-from rpg_trl.cli.demo import DemoArguments
-from rpg_trl.toy import addition, evaluation
+from rpg_trl.tools.cli import main
+from rpg_trl.tools.cli.demo import DemoArguments
+from rpg_trl.tools.toy import addition, evaluation
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

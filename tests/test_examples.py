@@ -255,7 +255,7 @@ def test_reinforce_plus_plus_baselines_train(assets, tmp_path, algorithm, estima
     assert type(config).__name__ == "ReinforcePlusPlusConfig"
     assert (config.advantage_estimator, config.kl_penalty, config.beta) == (estimator, "reward", 0.01)
     assert config.dynamic_sampling and (config.epsilon, config.epsilon_high) == (0.2, 0.2)
-    if algorithm == "rfpp":  # one run end to end (both estimators train in tests/test_baselines.py)
+    if algorithm == "rfpp":  # one run end to end (both estimators train in tests/test_reinforce_plus_plus.py)
         rpg_math.main(*args)
         assert (tmp_path / "model.safetensors").is_file()
 

@@ -7,7 +7,7 @@ checkpointing; LoRA trains with the "ref" adapter as the synced reference; DeepS
 `accelerate launch` with the configs of `accelerate_configs/`.
 
 Dry run on CPU: `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` runs the same test functions, unmarked, on
-the CPU with the tiny Qwen3 of `rpg_trl.toy` (still bf16 autocast and gradient checkpointing, fewer steps), so that
+the CPU with the tiny Qwen3 of `rpg_trl.tools.toy` (still bf16 autocast and gradient checkpointing, fewer steps), so that
 the GPU suite is known to import and run before a GPU is at hand (`tests/test_gpu_dry_run.py` does this in CI). The
 DeepSpeed ZeRO stages skip in the dry run (ZeRO is exercised here on CUDA; on CPU, with 2 processes, by
 `tests/test_launch_configs.py`); the same training script still runs under `accelerate launch` without DeepSpeed
@@ -27,7 +27,7 @@ import torch
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
-from rpg_trl.toy import build_char_tokenizer, save_tiny_model
+from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model
 
 from helpers.tiny_runs import PROMPTS
 
@@ -48,7 +48,7 @@ HALF_B = dict(
     intermediate_size=5120,
     max_position_embeddings=512,
 )
-#: The dry run's model: `rpg_trl.toy`'s defaults (about 0.1M parameters).
+#: The dry run's model: `rpg_trl.tools.toy`'s defaults (about 0.1M parameters).
 TINY = dict(max_position_embeddings=512)
 MODEL_SIZES, PARAM_RANGE = (TINY, (1e4, 1e6)) if DRY_RUN else (HALF_B, (0.4e9, 0.7e9))
 
@@ -169,7 +169,7 @@ TRAIN_SCRIPT = textwrap.dedent("""
     import json, math, sys
     from datasets import Dataset
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.toy import build_char_tokenizer
+    from rpg_trl.tools.toy import build_char_tokenizer
 
     model_dir, out_dir, anchor, use_cpu = sys.argv[1:5]
     ds = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})

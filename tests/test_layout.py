@@ -1,6 +1,6 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """The package layout: the library (`rpg_trl` outside `toy/`, `cli/` and `cpu_rollouts/`) never imports the tooling,
-and the toy task (`rpg_trl.toy`) never imports the command line (`rpg_trl.cli`). Checked on the source with `ast`,
+and the toy task (`rpg_trl.tools.toy`) never imports the command line (`rpg_trl.tools.cli`). Checked on the source with `ast`,
 imports inside functions included. The modules renamed so that their names say what they hold keep their old paths as
 deprecated aliases, which nothing in the repository imports any more (an alias left inside the library may import the
 tooling it points to)."""
@@ -66,14 +66,22 @@ def test_the_walk_sees_every_kind_of_import(tmp_path):
     names = _imported_modules(module)
     assert "transformers.utils" in names  # absolute, at the top
     cli_demo = _imported_modules(PACKAGE / "cli" / "demo.py")
-    assert {"rpg_trl.toy.addition", "rpg_trl.trainer", "rpg_trl.cli.plot"} <= cli_demo  # `..`, `..`, `.` in functions
+    assert {
+        "rpg_trl.tools.toy.addition",
+        "rpg_trl.trainer",
+        "rpg_trl.tools.cli.plot",
+    } <= cli_demo  # `..`, `..`, `.` in functions
 
 
 def test_library_modules_exist_and_the_tooling_is_apart():
     library = {_module_name(p) for p in _library_modules()}
     assert {"rpg_trl", "rpg_trl.losses", "rpg_trl.config", "rpg_trl.trainer", "rpg_trl.ref_sync.trigger"} <= library
     assert not library & {"rpg_trl.tiny", "rpg_trl.demo", "rpg_trl.plotting", "rpg_trl.bench_speed"}
-    assert not library & {"rpg_trl.cpu_rollouts", "rpg_trl.cpu_rollouts.worker", "rpg_trl.cpu_rollouts.attention"}
+    assert not library & {
+        "rpg_trl.tools.cpu_rollouts",
+        "rpg_trl.tools.cpu_rollouts.worker",
+        "rpg_trl.tools.cpu_rollouts.attention",
+    }
 
 
 @pytest.mark.parametrize("forbidden", [(f"rpg_trl.{tooling}",) for tooling in TOOLING])
@@ -82,11 +90,11 @@ def test_no_library_module_imports_the_tooling(forbidden):
 
 
 def test_the_toy_task_never_imports_the_command_line():
-    assert _offending(_modules("toy"), ("rpg_trl.cli",)) == {}
+    assert _offending(_modules("toy"), ("rpg_trl.tools.cli",)) == {}
 
 
 def test_toy_exports_resolve():
-    import rpg_trl.toy as toy
+    import rpg_trl.tools.toy as toy
 
     for name in toy.__all__:
         assert getattr(toy, name) is not None, name
@@ -98,7 +106,7 @@ MOVED = [
     ("rpg_trl.baselines", "rpg_trl.reinforce_plus_plus", "rpg_trl.reinforce_plus_plus"),
     ("rpg_trl.data", "rpg_trl.math_task.data", "rpg_trl.math_task.data"),
     ("rpg_trl.rewards", "rpg_trl.math_task.rewards", "rpg_trl.math_task.rewards"),
-    ("rpg_trl.async_rpg.local", "rpg_trl.cpu_rollouts", "rpg_trl.cpu_rollouts"),
+    ("rpg_trl.async_rpg.local", "rpg_trl.tools.cpu_rollouts", "rpg_trl.tools.cpu_rollouts"),
 ]
 
 

@@ -1,14 +1,14 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Tests of the statistics and the job runner of the benchmarks' protocol (`rpg_trl/cli/protocol.py`), and of the
-proxy task of the KL table (`rpg_trl/toy/proxy.py`)."""
+"""Tests of the statistics and the job runner of the benchmarks' protocol (`rpg_trl/tools/cli/protocol.py`), and of the
+proxy task of the KL table (`rpg_trl/tools/toy/proxy.py`)."""
 
 import json
 import math
 
 import pytest
 
-from rpg_trl.cli import protocol
-from rpg_trl.toy import proxy
+from rpg_trl.tools.cli import protocol
+from rpg_trl.tools.toy import proxy
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -130,9 +130,9 @@ def test_proxy_pays_the_leading_number_and_the_length_strict_pays_exact_answers(
 
 
 def test_heldout_scores_share_the_completions(tmp_path):
-    from rpg_trl.toy import build_model, heldout_accuracy
-    from rpg_trl.toy.addition import addition_reward
-    from rpg_trl.toy.evaluation import heldout_scores
+    from rpg_trl.tools.toy import build_model, heldout_accuracy
+    from rpg_trl.tools.toy.addition import addition_reward
+    from rpg_trl.tools.toy.evaluation import heldout_scores
 
     model, tokenizer = build_model(seed=0)
     pairs = [(12, 34), (56, 78), (90, 11)]

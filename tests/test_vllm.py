@@ -38,7 +38,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
 
 from rpg_trl import RPGTrainer  # noqa: E402
 from rpg_trl.reliability import VLLMServerError, shutdown_colocated_vllm  # noqa: E402
-from rpg_trl.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
+from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
 
 from helpers.ports import free_port  # noqa: E402
 from helpers.tiny_runs import PROMPTS, count_sevens, logged, tiny_run_args  # noqa: E402

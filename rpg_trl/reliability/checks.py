@@ -9,8 +9,6 @@
 
 from __future__ import annotations
 
-import warnings
-
 from transformers.utils import logging
 
 
@@ -59,18 +57,3 @@ def check_sequence_length(trainer, inputs: dict) -> None:
             "dataset (e.g. `dataset.filter(lambda x: len(tokenizer(x['prompt']).input_ids) <= L)`) or lower "
             "`max_completion_length`. (Reported once.)"
         )
-
-
-def __getattr__(name):
-    # The importance-weight monitor moved to `rpg_trl.reliability.importance_weights` (deprecated alias).
-    if name in ("ImportanceWeightMonitor", "IMPORTANCE_WEIGHT_WARNING_INTERVAL"):
-        from . import importance_weights
-
-        warnings.warn(
-            f"`rpg_trl.reliability.checks.{name}` is deprecated and will be removed: use "
-            f"`from rpg_trl.reliability.importance_weights import {name}`.",
-            FutureWarning,
-            stacklevel=2,
-        )
-        return getattr(importance_weights, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

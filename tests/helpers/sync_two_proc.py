@@ -1,4 +1,4 @@
-"""Two-process (CPU, gloo) runs for `tests/test_callbacks.py`: reference syncs under DDP, and the weight functions
+"""Two-process (CPU, gloo) runs for `tests/test_ref_sync.py`: reference syncs under DDP, and the weight functions
 under real DeepSpeed ZeRO-3.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/helpers/sync_two_proc.py MODEL_DIR OUT_DIR
@@ -61,7 +61,7 @@ def main(model_dir: str, out_dir: str) -> None:
     from transformers import TrainerCallback
 
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.toy import build_char_tokenizer
+    from rpg_trl.tools.toy import build_char_tokenizer
 
     from helpers.tiny_runs import PROMPTS, quiet_cpu_args
 

@@ -7,8 +7,8 @@ accuracy and its trainer callback ([`evaluation`]), the supervised warm start th
 per-seed cache ([`warm_start`]), the CPU session and training presets ([`training`]), deterministic rollouts for
 comparing trainers on the same batches ([`rollouts`]) and the training curves read back from a run ([`curves`]).
 
-The library (`rpg_trl` outside `rpg_trl.toy` and `rpg_trl.cli`) never imports this package; the command line
-(`rpg_trl.cli`) does. The names below are importable from `rpg_trl.toy` directly; each is loaded on first use, so
+The library (`rpg_trl` outside `rpg_trl.tools.toy` and `rpg_trl.tools.cli`) never imports this package; the command line
+(`rpg_trl.tools.cli`) does. The names below are importable from `rpg_trl.tools.toy` directly; each is loaded on first use, so
 importing the package is instant.
 """
 

@@ -1,8 +1,8 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-r"""The ``rpg-trl`` command line (console script declared in ``setup.cfg``; also ``python -m rpg_trl.cli``).
+r"""The ``rpg-trl`` command line (console script declared in ``setup.cfg``; also ``python -m rpg_trl.tools.cli``).
 
 The command line is tooling around the library, not part of it: the commands train on the offline toy task of
-[`rpg_trl.toy`] and call the library (`rpg_trl`); no library module imports `rpg_trl.cli`.
+[`rpg_trl.tools.toy`] and call the library (`rpg_trl`); no library module imports `rpg_trl.tools.cli`.
 
 Each subcommand lives in its own module of this package, which registers itself with two functions:
 
@@ -37,15 +37,15 @@ from collections.abc import Sequence
 
 #: Subcommand modules of rpg_trl, in the order of ``rpg-trl --help``.
 SUBCOMMAND_MODULES = (
-    "rpg_trl.cli.demo",
-    "rpg_trl.cli.plot",
-    "rpg_trl.cli.bench_algos",
-    "rpg_trl.cli.bench_optimum",
-    "rpg_trl.cli.bench_async",
-    "rpg_trl.cli.kl_budget",
+    "rpg_trl.tools.cli.demo",
+    "rpg_trl.tools.cli.plot",
+    "rpg_trl.tools.cli.bench_algos",
+    "rpg_trl.tools.cli.bench_optimum",
+    "rpg_trl.tools.cli.bench_async",
+    "rpg_trl.tools.cli.kl_budget",
 )
 #: Subcommand modules registered only when present and importable.
-OPTIONAL_SUBCOMMAND_MODULES = ("rpg_trl.cli.bench_speed",)
+OPTIONAL_SUBCOMMAND_MODULES = ("rpg_trl.tools.cli.bench_speed",)
 
 
 class CommandError(Exception):
@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``rpg-trl`` parser with every available subcommand registered."""
     from trl import TrlParser
 
-    from .. import __version__
+    from rpg_trl import __version__
 
     parser = TrlParser(
         prog="rpg-trl",
@@ -152,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     for module in modules:
         for attribute in ("add_parser", "run"):
             if not callable(getattr(module, attribute, None)):
-                raise TypeError(f"Subcommand module {module.__name__!r} must define `{attribute}`; see rpg_trl.cli.")
+                raise TypeError(
+                    f"Subcommand module {module.__name__!r} must define `{attribute}`; see rpg_trl.tools.cli."
+                )
         subparser = module.add_parser(subparsers)
         if not isinstance(subparser, argparse.ArgumentParser):
             raise TypeError(

@@ -1,5 +1,5 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""``python -m rpg_trl.cli ...``: the same as the ``rpg-trl`` console script."""
+"""``python -m rpg_trl.tools.cli ...``: the same as the ``rpg-trl`` console script."""
 
 from . import main
 

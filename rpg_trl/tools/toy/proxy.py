@@ -15,7 +15,7 @@ After the warm start (which always ends its answer with the end-of-sequence toke
 characters after the number, so the proxy and the true reward agree at first; a policy that follows the proxy far
 enough learns to pad its answers, and the true reward falls to 0 while the proxy rises. A KL penalty toward the warm
 start prices the padding (its tokens are improbable under the reference), which is what ``rpg-trl bench-algos``'s KL
-table measures ([`rpg_trl.cli.bench_kl`]). Completions are longer than the additions' 2-3 tokens
+table measures ([`rpg_trl.tools.cli.bench_kl`]). Completions are longer than the additions' 2-3 tokens
 ([`PROXY_MAX_COMPLETION_LENGTH`]), so the per-token and the whole-completion KL (``kl_level``) weigh them differently.
 """
 

@@ -4,7 +4,7 @@ r"""The addition task of ``rpg-trl demo`` and the benchmarks: two-digit addition
 The 8100 problems (10 ≤ a, b ≤ 99) are split, once per seed, into a held-out evaluation set (never trained on), an RL
 prompt pool and a supervised pool ([`make_splits`]). The supervised rows carry noisy labels ([`build_sft_dataset`]);
 the RL rows carry the exact sum, read by [`addition_reward`]. [`build_model`] builds the task's ~0.45M-parameter
-Qwen3 with a character tokenizer ([`rpg_trl.toy.models`]).
+Qwen3 with a character tokenizer ([`rpg_trl.tools.toy.models`]).
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def addition_reward(completions: list[str], solution: list[str], **kwargs) -> li
     it (``tests/test_demo.py::test_addition_reward_digits_agree_with_math_verify``) at a thousandth of its cost; the
     rest go to math-verify.
     """
-    from ..math_task.rewards import accuracy_reward
+    from rpg_trl.math_task.rewards import accuracy_reward
 
     rewards: list[float | None] = [None] * len(completions)
     rest = []

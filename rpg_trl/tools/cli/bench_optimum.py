@@ -8,7 +8,7 @@ estimator, on-policy and off-policy, GRPO's uncorrected k3 penalty, and TRL's ow
 with and without the importance weight (`use_bias_correction_kl`), and measures how far each learned policy ends from
 each optimum (total variation distance). The derivations are in ``docs/bench_optimum.md``.
 
-**Task.** One prompt; the completion is a single token ``y`` of a tiny Qwen3 ([`rpg_trl.toy.models`]) whose whole vocabulary
+**Task.** One prompt; the completion is a single token ``y`` of a tiny Qwen3 ([`rpg_trl.tools.toy.models`]) whose whole vocabulary
 has ``K = 8`` tokens, so the policy is the model's next-token distribution ``π(y)`` after the prompt, a softmax over
 the ``K`` tokens. The reward is ``R(y) = y / (K − 1)`` for token id ``y``. The reference ``π_ref`` is the initial model,
 fitted beforehand to a distribution that decreases with ``y`` (against the reward), and the KL is anchored to it
@@ -38,104 +38,22 @@ Outputs in ``--output_dir``: ``table.md``, ``bench_optimum.png``, the reference 
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import machine
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Closed-form optima (docs/bench_optimum.md)
-# ----------------------------------------------------------------------------------------------------------------------
-
-#: Which optimum each divergence's objective has over the simplex (UKL = KL there, docs/bench_optimum.md).
-OPTIMUM_OF_DIVERGENCE = {"rkl": "reverse", "urkl": "reverse", "fkl": "forward", "ufkl": "forward"}
-OPTIMA = ("reverse", "forward")
-
-
-def effective_reward_scale(num_generations: int) -> float:
-    """``1 − 1/G``: with advantage = reward − mean of its group of ``G`` (the group includes the sample itself), the
-    expected policy gradient is ``(1 − 1/G)·∇E_π[R]`` (the other ``G − 1`` rewards are independent of the sample and
-    ``E_π[∇ log π] = 0``), on-policy and, with importance weights, off-policy."""
-    if isinstance(num_generations, bool) or not isinstance(num_generations, int) or num_generations < 2:
-        raise ValueError(f"`num_generations` must be an integer >= 2 (a group baseline); got {num_generations!r}.")
-    return 1.0 - 1.0 / num_generations
-
-
-def _check_distribution(name: str, probs: list[float]) -> list[float]:
-    probs = [float(p) for p in probs]
-    if not probs or any(not (p > 0.0 and math.isfinite(p)) for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
-        raise ValueError(f"`{name}` must be a distribution with positive entries summing to 1; got {probs!r}.")
-    return probs
-
-
-def _check_inputs(ref_probs, rewards, beta) -> tuple[list[float], list[float]]:
-    ref_probs = _check_distribution("ref_probs", ref_probs)
-    rewards = [float(r) for r in rewards]
-    if len(rewards) != len(ref_probs) or not all(math.isfinite(r) for r in rewards):
-        raise ValueError(
-            f"`rewards` must hold one finite reward per token ({len(ref_probs)}); got {len(rewards)} values."
-        )
-    if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not (beta > 0 and math.isfinite(beta)):
-        raise ValueError(f"`beta` must be a positive finite number; got {beta!r}.")
-    return ref_probs, rewards
-
-
-def reverse_kl_optimum(ref_probs, rewards, beta: float) -> list[float]:
-    """Maximiser over the simplex of ``E_π[R] − β·KL(π‖π_ref)`` (and of ``− β·UKL(π‖π_ref)``, equal on the simplex):
-    ``π*(y) ∝ π_ref(y)·exp(R(y)/β)`` (the Gibbs distribution; Lagrange condition ``R − β(log(π/π_ref) + 1) = λ``)."""
-    ref_probs, rewards = _check_inputs(ref_probs, rewards, beta)
-    logits = [math.log(p) + r / beta for p, r in zip(ref_probs, rewards)]
-    top = max(logits)
-    weights = [math.exp(z - top) for z in logits]
-    total = sum(weights)
-    return [v / total for v in weights]
-
-
-def forward_kl_optimum(ref_probs, rewards, beta: float) -> list[float]:
-    """Maximiser over the simplex of ``E_π[R] − β·KL(π_ref‖π)`` (and of ``− β·UKL(π_ref‖π)``, equal on the simplex).
-
-    The Lagrange condition ``R(y) + β·π_ref(y)/π(y) = λ`` gives ``π(y) = β·π_ref(y)/(λ − R(y))``; ``λ`` is the unique
-    root in ``(max R, max R + β]`` of ``Σ_y β·π_ref(y)/(λ − R(y)) = 1`` (the sum decreases from +∞ and is ≤ 1 at
-    ``max R + β``), found by bisection to machine precision.
-    """
-    ref_probs, rewards = _check_inputs(ref_probs, rewards, beta)
-    top = max(rewards)
-
-    def mass(lam: float) -> float:
-        return sum(beta * p / (lam - r) for p, r in zip(ref_probs, rewards))
-
-    low, high = top, top + beta  # mass(low+) = +inf, mass(high) <= 1
-    for _ in range(200):
-        mid = 0.5 * (low + high)
-        if mid <= low or mid >= high:
-            break
-        if mass(mid) > 1.0:
-            low = mid
-        else:
-            high = mid
-    probs = [beta * p / (high - r) for p, r in zip(ref_probs, rewards)]
-    total = sum(probs)  # 1 up to the bisection's last ulp
-    return [p / total for p in probs]
-
-
-def kl_optimum(kind: str, ref_probs, rewards, beta: float) -> list[float]:
-    """The ``"reverse"`` or ``"forward"`` optimum ([`reverse_kl_optimum`], [`forward_kl_optimum`])."""
-    if kind == "reverse":
-        return reverse_kl_optimum(ref_probs, rewards, beta)
-    if kind == "forward":
-        return forward_kl_optimum(ref_probs, rewards, beta)
-    raise ValueError(f"Unknown optimum {kind!r}; choose 'reverse' or 'forward'.")
-
-
-def total_variation(p, q) -> float:
-    """``½·Σ|p − q|``, the total variation distance between two distributions on the same tokens."""
-    if len(p) != len(q):
-        raise ValueError(f"Distributions over different supports: {len(p)} vs {len(q)} tokens.")
-    return 0.5 * sum(abs(float(a) - float(b)) for a, b in zip(p, q))
+from .optima import (
+    OPTIMA,
+    OPTIMUM_OF_DIVERGENCE,
+    REGIMES,
+    effective_reward_scale,
+    kl_optimum,
+    run_benchmark,
+    total_variation,
+    tracker_class,
+    trainer_config,
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -176,14 +94,7 @@ def _variants() -> dict[str, Variant]:
 
 #: Variant name -> [`Variant`].
 VARIANTS = _variants()
-#: Training regimes -> RPGConfig overrides. Off-policy: 4 optimizer steps per generation batch (2 micro-batches × 2
-#: iterations), so the importance weights differ from 1.
-REGIMES = {
-    "on-policy": {"steps_per_generation": 1, "num_iterations": 1},
-    "off-policy": {"steps_per_generation": 2, "num_iterations": 2},
-}
-
-#: The tiny model's vocabulary: `rpg_trl.toy.build_char_tokenizer(ALPHABET)` has <pad>, </s>, ':', 'A', 'Q', 'a',
+#: The tiny model's vocabulary: `rpg_trl.tools.toy.build_char_tokenizer(ALPHABET)` has <pad>, </s>, ':', 'A', 'Q', 'a',
 #: 'b', 'c' (8 tokens), and every token is a possible one-token completion.
 ALPHABET = "abc"
 PROMPT = "A:"
@@ -247,7 +158,7 @@ class BenchOptimumArguments:
         default=1,
         metadata={
             "help": "1 (default): the one-token task. 2 or 3: completions of up to that many tokens, where "
-            "kl_level='token' and kl_level='sequence' differ (rpg_trl.cli.bench_optimum_sequence; variants are then "
+            "kl_level='token' and kl_level='sequence' differ (rpg_trl.tools.cli.bench_optimum_sequence; variants are then "
             "named with their level, e.g. 'RPG-REINFORCE-FKL (sequence)')."
         },
     )
@@ -372,95 +283,9 @@ def token_reward(rewards: list[float]):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
-def trainer_config(args: BenchOptimumArguments, spec, regime: str, output_dir: str, **task_settings):
-    """The `RPGConfig` (KL toward the reference) or TRL `GRPOConfig` of one run: the benchmark's shared settings, the
-    `regime`, the variant `spec`'s overrides and the task's settings (`loss_type`, `max_completion_length`)."""
-    from ..toy.training import no_activation_checkpointing
-
-    common = dict(
-        output_dir=output_dir,
-        beta=args.beta,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        scale_rewards="none",  # advantage = reward − group mean: the reward's scale is (1 − 1/G) exactly
-        num_generations=args.num_generations,
-        per_device_train_batch_size=args.batch_size,
-        gradient_accumulation_steps=1,
-        temperature=1.0,
-        learning_rate=args.learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=0,
-        weight_decay=0.0,
-        max_steps=args.steps,
-        logging_steps=args.steps,
-        seed=args.seed,
-        use_cpu=True,
-        bf16=False,
-        **no_activation_checkpointing(),
-        report_to="none",
-        save_strategy="no",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        **task_settings,
-        **REGIMES[regime],
-        **spec.overrides,
-    )
-    if spec.trainer == "trl":
-        from trl import GRPOConfig
-
-        return GRPOConfig(**common)
-    from ..config import RPGConfig
-
-    return RPGConfig(kl_anchor="reference", **common)
-
-
 def _config(args: BenchOptimumArguments, variant: str, regime: str, output_dir: str):
     # One token per completion: the token mean is the mean over completions.
     return trainer_config(args, VARIANTS[variant], regime, output_dir, loss_type="dapo", max_completion_length=1)
-
-
-def tracker_class():
-    """`DistanceTracker(distribution, targets, every, bar, label)`: a `TrainerCallback` that records the total
-    variation distance of `distribution(model)` (evaluated in eval mode, without gradients) to each named target
-    distribution at step 0 and every `every` steps, in `curve`, and advances the progress bar `bar`."""
-    import torch
-    from transformers import TrainerCallback
-
-    class DistanceTracker(TrainerCallback):
-        def __init__(self, distribution, targets: dict, every: int, bar, label: str):
-            self.distribution, self.targets, self.every, self.bar, self.label = (
-                distribution,
-                targets,
-                every,
-                bar,
-                label,
-            )
-            self.curve = []
-
-        def probabilities(self, model) -> list[float]:
-            was_training = model.training
-            with torch.no_grad():
-                probs = self.distribution(model.eval())
-            model.train(was_training)
-            return probs
-
-        def record(self, model, step: int):
-            probs = self.probabilities(model)
-            point = {"step": step, **{k: total_variation(probs, target) for k, target in self.targets.items()}}
-            self.curve.append(point)
-            return point
-
-        def on_train_begin(self, args, state, control, model=None, **kwargs):
-            self.record(model, 0)
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-                point = self.record(model, state.global_step)
-                distances = ", ".join(f"{k} {point[k]:.3f}" for k in self.targets)
-                self.bar.set_postfix_str(f"{self.label}: TV {distances}")
-            self.bar.update(1)
-
-    return DistanceTracker
 
 
 def train_variant(task: Task, args: BenchOptimumArguments, variant: str, regime: str, run_dir: Path, bar) -> dict:
@@ -469,7 +294,7 @@ def train_variant(task: Task, args: BenchOptimumArguments, variant: str, regime:
     from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOTrainer
 
-    from ..trainer import RPGTrainer
+    from rpg_trl.trainer import RPGTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(task.model_dir)
     tracker = tracker_class()(
@@ -629,51 +454,6 @@ def plot_results(task: Task, runs: list[dict], output: str) -> str:
     return output
 
 
-def run_benchmark(args, build, train, format_table, plot, figure_name: str, table_keys: tuple) -> dict:
-    """The loop of both benchmarks: `build(directory, args)` the task in ``<output_dir>/reference``, `train(task, args,
-    variant, regime, run_dir, bar)` every (variant, regime) under one progress bar, then write ``table.md``
-    (`format_table(task, runs, args)`), the figure `figure_name` (`plot(task, runs, path)`) and the JSON results
-    (the `table_keys` of each run in its ``table``, the task, the runs, the arguments and the machine)."""
-    from tqdm.auto import tqdm
-    from transformers.utils import logging as hf_logging
-
-    from ..toy.training import cpu_session
-
-    start = time.perf_counter()
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # model loading/saving bars would break the benchmark's own
-    try:
-        with cpu_session(args.num_threads):
-            task = build(output_dir / "reference", args)
-            pairs = [(v, r) for v in args.variants for r in REGIMES if r in args.regimes]
-            runs = []
-            with tqdm(total=len(pairs) * args.steps, desc="bench-optimum", unit="step", dynamic_ncols=True) as bar:
-                for variant, regime in pairs:
-                    run_dir = output_dir / "runs" / variant.replace(" ", "_") / regime
-                    runs.append(train(task, args, variant, regime, run_dir, bar))
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
-    (output_dir / "table.md").write_text(format_table(task, runs, args))
-    figure = plot(task, runs, str(output_dir / figure_name))
-    report = {
-        "table": [{k: r[k] for k in table_keys} for r in runs],
-        "task": asdict(task),
-        "runs": runs,
-        "seconds": time.perf_counter() - start,
-        "arguments": asdict(args),
-        "machine": machine(),
-        "figure": figure,
-    }
-    output_json = Path(args.output_json) if args.output_json else output_dir / "results.json"
-    output_json.parent.mkdir(parents=True, exist_ok=True)
-    output_json.write_text(json.dumps(report, indent=2) + "\n")
-    report["output_json"] = str(output_json)
-    return report
-
-
 def run_bench(args: BenchOptimumArguments) -> dict:
     """Build the one-token task, train every (variant, regime) and write ``table.md``, the plot and the JSON results."""
     keys = ("variant", "regime", "objective", "tv", "probs", "seconds")
@@ -681,7 +461,7 @@ def run_bench(args: BenchOptimumArguments) -> dict:
 
 
 def add_parser(subparsers):
-    """Register ``rpg-trl bench-optimum`` (see [`rpg_trl.cli`])."""
+    """Register ``rpg-trl bench-optimum`` (see [`rpg_trl.tools.cli`])."""
     return subparsers.add_parser(
         "bench-optimum",
         help="Each RPG variant, trained end to end, lands on the closed-form optimum of its own KL objective.",

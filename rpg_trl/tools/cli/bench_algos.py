@@ -1,21 +1,21 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""The ``rpg-trl bench-algos`` command: the paper's comparison in miniature, on a protocol fixed before the runs.
 
-Two tables, on the demo's task (two-digit additions from a supervised warm start, [`rpg_trl.toy`]):
+Two tables, on the demo's task (two-digit additions from a supervised warm start, [`rpg_trl.tools.toy`]):
 
 1. **Algorithms** ([`ALGORITHMS`]): GRPO, DAPO, REINFORCE++(-Baseline) and four RPG variants, in the paper's
    off-policy regime (``steps_per_generation=16``: every generation batch serves 16 optimizer steps, as the paper's
    512 prompts in mini-batches of 32, Sec. 5) and at 4 steps per generation. For each method and regime the learning
    rate is the best of a grid by the mean held-out accuracy on *selection* seeds, which are not reported; the final
    runs use fresh seeds, consecutive from a stated start, paired across methods (one warm start per seed, shared).
-2. **KL** ([`rpg_trl.cli.bench_kl`]): the same warm starts trained on a proxy reward with an exploitable flaw
-   ([`rpg_trl.toy.proxy`]) with the KL to the warm start at a β large enough to act, held-out score the true reward:
+2. **KL** ([`rpg_trl.tools.cli.bench_kl`]): the same warm starts trained on a proxy reward with an exploitable flaw
+   ([`rpg_trl.tools.toy.proxy`]) with the KL to the warm start at a β large enough to act, held-out score the true reward:
    RPG's corrected KL per token and over whole completions (reverse and forward families), GRPO's uncorrected k3
    and no KL.
 
 Reported per method (over the final seeds): Last, Best and Gain over the warm start (held-out accuracy), stability
 (largest fall of the training reward, runs that collapse, entropy at the end), each as a mean with its 95 % Student-t
-interval, and the paired difference to GRPO with its interval ([`rpg_trl.cli.protocol`]). A run **collapses** when it
+interval, and the paired difference to GRPO with its interval ([`rpg_trl.tools.cli.protocol`]). A run **collapses** when it
 ends more than [`COLLAPSE_ACCURACY_DROP`] below its warm start or its training reward falls by more than
 [`COLLAPSE_REWARD_DROP`] below its running maximum (moving average over 5 generation batches).
 
@@ -88,7 +88,7 @@ PRESETS = {
         "steps": 128,
         "eval_every": 32,
         "algorithms": list(ALGORITHMS),
-        "kl_arms": None,  # all of rpg_trl.cli.bench_kl.KL_ARMS
+        "kl_arms": None,  # all of rpg_trl.tools.cli.bench_kl.KL_ARMS
         "kl_betas": [0.2],
     },
     "quick": {
@@ -138,7 +138,7 @@ class BenchAlgosArguments:
     kl_arms: list[str] | None = field(
         default=None,
         metadata={
-            "help": "Arms of the KL table (rpg_trl.cli.bench_kl.KL_ARMS, or the follow-up arms KL_FOLLOW_UP_ARMS). "
+            "help": "Arms of the KL table (rpg_trl.tools.cli.bench_kl.KL_ARMS, or the follow-up arms KL_FOLLOW_UP_ARMS). "
             "Default: KL_ARMS."
         },
     )
@@ -213,7 +213,7 @@ class BenchAlgosArguments:
 
 
 def warm_start_job(spec: dict, run_dir: str) -> dict:
-    """The warm start of `spec["seed"]` in `run_dir` (cached there by [`rpg_trl.toy.warm_start.cached_warm_start`])."""
+    """The warm start of `spec["seed"]` in `run_dir` (cached there by [`rpg_trl.tools.toy.warm_start.cached_warm_start`])."""
     from ..toy.addition import make_splits
     from ..toy.warm_start import cached_warm_start
 
@@ -267,7 +267,7 @@ def quiet(trainer) -> None:
 
 def warm_started(spec: dict, **heldout_kwargs):
     """The seed's splits, the warm start of `spec` (model, tokenizer) and a held-out callback on them
-    ([`rpg_trl.toy.evaluation.heldout_accuracy_callback`] with `heldout_kwargs`): what every run starts from."""
+    ([`rpg_trl.tools.toy.evaluation.heldout_accuracy_callback`] with `heldout_kwargs`): what every run starts from."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..toy.addition import evaluation_seed, make_splits
@@ -303,11 +303,12 @@ def algorithm_job(spec: dict, run_dir: str) -> dict:
     """Train `spec["algorithm"]` from the warm start `spec["sft_dir"]` and return its [`run_summary`]."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from ..config import RPGConfig
-    from ..reinforce_plus_plus import ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
+    from rpg_trl.config import RPGConfig
+    from rpg_trl.reinforce_plus_plus import ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
+    from rpg_trl.trainer import RPGTrainer
+
     from ..toy.addition import addition_reward, build_rl_dataset
     from ..toy.training import rl_training_kwargs
-    from ..trainer import RPGTrainer
 
     kind, overrides = ALGORITHMS[spec["algorithm"]]
     splits, model, tokenizer, accuracy = warm_started(spec)
@@ -383,7 +384,7 @@ def _describe(spec: dict, result: dict) -> str:
 def run_algorithms_table(args: BenchAlgosArguments, sft_dirs: dict[int, str], pool) -> dict:
     """
     The algorithms table: every (regime, method, learning rate) on the selection seeds, the rule
-    ([`rpg_trl.cli.protocol.select_best`]: highest mean Last) per (regime, method), then every (regime, method) at
+    ([`rpg_trl.tools.cli.protocol.select_best`]: highest mean Last) per (regime, method), then every (regime, method) at
     its chosen rate on the final seeds. Returns the selection grid, the choices and the final runs.
     """
     from .protocol import run_jobs, select_best
@@ -631,7 +632,7 @@ def run_bench(args: BenchAlgosArguments) -> dict:
 
 
 def add_parser(subparsers):
-    """Register ``rpg-trl bench-algos`` (see [`rpg_trl.cli`])."""
+    """Register ``rpg-trl bench-algos`` (see [`rpg_trl.tools.cli`])."""
     return add_bench_parser(
         subparsers,
         "bench-algos",

@@ -1,9 +1,9 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""The ``rpg-trl bench-async`` command: asynchronous GRPO against asynchronous RPG at increasing policy lag.
 
-Every run trains the warm start of ``rpg-trl demo`` (two-digit additions, see [`rpg_trl.toy.warm_start`]; one supervised warm
+Every run trains the warm start of ``rpg-trl demo`` (two-digit additions, see [`rpg_trl.tools.toy.warm_start`]; one supervised warm
 start per seed, shared by all runs, as in ``rpg-trl bench-algos``) with TRL's asynchronous trainer on a CPU: a
-[`~rpg_trl.cpu_rollouts.LocalRolloutWorker`] thread samples the rollouts of optimizer step ``s`` from policy
+[`~rpg_trl.tools.cpu_rollouts.LocalRolloutWorker`] thread samples the rollouts of optimizer step ``s`` from policy
 version ``max(1, s - lag)``, so that every batch after the first ``lag`` ones is exactly ``lag`` versions stale.
 
 ==============================  =======================================================================================
@@ -57,7 +57,7 @@ METHODS = {
 #: Methods run when `--methods` is not given.
 DEFAULT_METHODS = ["AsyncGRPO", "RPG-REINFORCE-URKL", "RPG-REINFORCE-URKL-beta0.5", "uncorrected-k3-beta0.5"]
 #: Full and ``--quick`` presets of the options left unset on the command line (those of the warm start and the
-#: held-out set: [`~rpg_trl.cli.warm_start_bench.WARM_START_PRESETS`]).
+#: held-out set: [`~rpg_trl.tools.cli.warm_start_bench.WARM_START_PRESETS`]).
 PRESETS = bench_presets(
     full={"steps": 60, "eval_every": 20}, quick={"steps": 4, "sft_steps": 50, "eval_every": 2, "eval_problems": 32}
 )
@@ -97,7 +97,8 @@ class BenchAsyncArguments(WarmStartBenchArguments):
 def _config(kind: str, output_dir: str, args: BenchAsyncArguments, seed: int, lag: int, overrides: dict):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
-    from ..async_rpg import AsyncRPGConfig
+    from rpg_trl.async_rpg import AsyncRPGConfig
+
     from ..toy.training import rl_training_kwargs
 
     kwargs = rl_training_kwargs(steps=args.steps, seed=seed, learning_rate=args.learning_rate)
@@ -136,7 +137,8 @@ def run_one(args: BenchAsyncArguments, method: str, lag: int, seed: int, splits,
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOTrainer
 
-    from ..async_rpg import AsyncRPGTrainer
+    from rpg_trl.async_rpg import AsyncRPGTrainer
+
     from ..cpu_rollouts import LocalRolloutWorker, cpu_backend
     from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed
     from ..toy.curves import metric_series
@@ -289,7 +291,7 @@ def run_bench(args: BenchAsyncArguments) -> dict:
 
 
 def add_parser(subparsers):
-    """Register ``rpg-trl bench-async`` (see [`rpg_trl.cli`])."""
+    """Register ``rpg-trl bench-async`` (see [`rpg_trl.tools.cli`])."""
     from .warm_start_bench import add_bench_parser
 
     return add_bench_parser(

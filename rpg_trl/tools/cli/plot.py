@@ -3,7 +3,7 @@ r"""The ``rpg-trl plot`` command: training curves of RPGTrainer / GRPOTrainer ru
 
 Any [`~transformers.Trainer`] run that saved its state has its logged metrics in ``trainer_state.json`` (key
 ``log_history``): in the run's ``output_dir`` (written by ``trainer.save_state()``) or in each ``checkpoint-*/``
-folder ([`rpg_trl.toy.curves.load_log_history`]). [`plot_runs`] overlays several runs on a grid of panels against the optimizer step, one colour per run, in
+folder ([`rpg_trl.tools.toy.curves.load_log_history`]). [`plot_runs`] overlays several runs on a grid of panels against the optimizer step, one colour per run, in
 the style of Figure 4 of the paper (reward, entropy, response length, ...). The metric names are TRL's
 (``reward``, ``entropy``, ``kl``, ``clip_ratio/*``, ``completions/mean_length``); RPGTrainer logs the same names, so
 RPG and GRPO/DAPO runs compare directly (``kl`` is measured against each trainer's anchor: GRPO's reference model, or
@@ -160,7 +160,7 @@ def plot_runs(
 
 
 def add_parser(subparsers):
-    """Register ``rpg-trl plot`` (see [`rpg_trl.cli`])."""
+    """Register ``rpg-trl plot`` (see [`rpg_trl.tools.cli`])."""
     parser = subparsers.add_parser(
         "plot",
         help="Overlay the training curves of RPGTrainer/GRPOTrainer runs (reward, entropy, KL, clipping, length).",

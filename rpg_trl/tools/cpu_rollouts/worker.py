@@ -3,7 +3,7 @@ r"""Run TRL's asynchronous trainers without a vLLM server: an in-process rollout
 
 TRL's [`~trl.experimental.async_grpo.AsyncGRPOTrainer`] (and so [`AsyncRPGTrainer`]) samples from a vLLM server. This
 module replaces the server by a local worker, through the trainer's own extension points (`rollout_worker`,
-`weight_transfer`), so that the asynchronous trainers run on a CPU (with [`~rpg_trl.cpu_rollouts.cpu_backend`] for the
+`weight_transfer`), so that the asynchronous trainers run on a CPU (with [`~rpg_trl.tools.cpu_rollouts.cpu_backend`] for the
 attention kernel): for the benchmark `rpg-trl bench-async` and for the tests.
 
 * [`LocalRolloutWorker`] (a [`~trl.experimental.async_grpo.async_grpo_trainer.RolloutWorkerProtocol`]): a thread

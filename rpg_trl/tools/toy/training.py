@@ -120,7 +120,7 @@ def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float) -> dict:
 
 def rpg_config(output_dir: str, *, steps: int, seed: int, learning_rate: float, **rpg_kwargs):
     """[`RPGConfig`] of the demo: [`rl_training_kwargs`] plus RPG's paper defaults, overridable by `rpg_kwargs`."""
-    from ..config import RPGConfig
+    from rpg_trl.config import RPGConfig
 
     return RPGConfig(
         output_dir=output_dir, **rl_training_kwargs(steps=steps, seed=seed, learning_rate=learning_rate), **rpg_kwargs

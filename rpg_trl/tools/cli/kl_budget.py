@@ -1,7 +1,7 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""The ``rpg-trl kl-budget`` command: the adaptive KL coefficient (`kl_target`) holding RPG's KL near a target.
 
-A tiny Qwen3 (built locally, [`rpg_trl.toy.save_tiny_model`]) is trained by [`~rpg_trl.RPGTrainer`] on the prompts
+A tiny Qwen3 (built locally, [`rpg_trl.tools.toy.save_tiny_model`]) is trained by [`~rpg_trl.RPGTrainer`] on the prompts
 "a+b=" (a, b = 0..9) with a reward that the initial policy rarely earns: the fraction of '7' characters in an 8-token
 completion. Without a KL budget the policy runs away from its reference to print sevens; with `kl_target=δ` the
 controller of [`rpg_trl.kl_control`] raises β while the importance-weighted KL to the reference (RPG-REINFORCE-URKL,
@@ -68,10 +68,11 @@ def train_with_budget(model_dir: str, output_dir: str, target: float, args: KLBu
     from datasets import Dataset
     from transformers import PrinterCallback
 
-    from ..config import RPGConfig
+    from rpg_trl.config import RPGConfig
+    from rpg_trl.trainer import RPGTrainer
+
     from ..toy.models import build_char_tokenizer
     from ..toy.training import no_activation_checkpointing
-    from ..trainer import RPGTrainer
 
     config = RPGConfig(
         output_dir=output_dir,
@@ -182,7 +183,7 @@ def run_kl_budget(args: KLBudgetArguments) -> dict:
 
 
 def add_parser(subparsers):
-    """Register ``rpg-trl kl-budget`` (see [`rpg_trl.cli`])."""
+    """Register ``rpg-trl kl-budget`` (see [`rpg_trl.tools.cli`])."""
     return subparsers.add_parser(
         "kl-budget",
         help="The adaptive KL coefficient (kl_target) holding RPG's KL near two targets on a tiny model.",

@@ -1,6 +1,6 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""The shape shared by ``rpg-trl bench-algos`` and ``rpg-trl bench-async``: several methods trained on the demo's task
-(two-digit additions, [`rpg_trl.toy`]) from one supervised warm start per seed, compared over seeds.
+(two-digit additions, [`rpg_trl.tools.toy`]) from one supervised warm start per seed, compared over seeds.
 
 * [`WarmStartBenchArguments`]: the options both commands take (seeds, steps, warm start, held-out evaluation), with
   presets built by [`bench_presets`] (the warm start's are shared); [`add_bench_parser`] registers a command with its
@@ -8,13 +8,13 @@ r"""The shape shared by ``rpg-trl bench-algos`` and ``rpg-trl bench-async``: sev
 * [`run_warm_start_bench`]: the loop. For each seed, the task's splits and the (cached) warm start in
   ``seed<k>/sft``, then every arm (a method, with its settings such as the policy lag) trained from it in
   ``seed<k>/<setting><value>/.../<method>``; then ``table.md``, ``<command>.png`` and ``results.json``, with where
-  and when the numbers were measured ([`rpg_trl.cli.machine`]).
+  and when the numbers were measured ([`rpg_trl.tools.cli.machine`]).
 * [`heldout_summary`], [`aggregate_over_seeds`], [`mean_gain_curve`] and [`mean_metric_curve`]: the numbers of a run,
   of a table row and of a plotted curve; [`markdown_table`], [`pyplot`] and [`save_figure`]: the table and the figure.
 
 Each command gives what is its own: the arms, how one is trained, the table's columns and the plot's panels.
 ``rpg-trl bench-async`` runs this loop; ``rpg-trl bench-algos`` runs its own protocol (selection and final seeds,
-jobs over worker processes: [`rpg_trl.cli.protocol`]) with the presets, summaries, table and figure helpers here.
+jobs over worker processes: [`rpg_trl.tools.cli.protocol`]) with the presets, summaries, table and figure helpers here.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class WarmStartBenchArguments:
     """
     Options of the commands that train several methods from one warm start per seed. A subclass sets `presets` (a plain
     class attribute, not a field, from [`bench_presets`]): the values of the options left unset (None),
-    ``presets["full"]`` or, with ``--quick``, ``presets["quick"]`` (see [`rpg_trl.cli.apply_preset`]).
+    ``presets["full"]`` or, with ``--quick``, ``presets["quick"]`` (see [`rpg_trl.tools.cli.apply_preset`]).
     """
 
     presets = bench_presets(full={}, quick={})
@@ -125,7 +125,7 @@ def run_command(args, arguments_class: type[WarmStartBenchArguments], run_bench:
 
 def heldout_summary(curve: list[dict], rewards: list[float], seconds: float, **extra) -> dict:
     """
-    The numbers of one run, from the held-out accuracy `curve` of [`rpg_trl.toy.evaluation.heldout_accuracy_callback`]
+    The numbers of one run, from the held-out accuracy `curve` of [`rpg_trl.tools.toy.evaluation.heldout_accuracy_callback`]
     (its first point is the warm start) and the training `rewards`: ``initial``, ``last``, ``gain`` (last − initial),
     ``best`` (over the evaluations during training), ``max_reward_drop`` (the largest fall of the reward's moving
     average below its running maximum), then `extra`, ``seconds`` and the ``accuracy_curve``.

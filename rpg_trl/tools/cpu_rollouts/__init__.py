@@ -7,7 +7,7 @@ or a GPU, for the benchmark `rpg-trl bench-async` and the tests. Guide: `docs/as
 * `attention`: [`cpu_backend`], which swaps TRL's FA3 tree attention for [`cpu_tree_attention`] (SDPA with the same
   mask) and skips the GPU peak-FLOPs lookup.
 
-Like `rpg_trl.toy` and `rpg_trl.cli`, this is tooling: the library never imports it (`tests/test_layout.py`).
+Like `rpg_trl.tools.toy` and `rpg_trl.tools.cli`, this is tooling: the library never imports it (`tests/test_layout.py`).
 """
 
 from .attention import cpu_backend, cpu_tree_attention, register_cpu_tree_attention

@@ -8,7 +8,7 @@ another vector field, whose fixed point is not that optimum; ``kl_level="sequenc
 divergence between whole completions (``docs/design.md``). This module measures both.
 
 **Task.** One prompt; a completion is up to ``L`` tokens of a tiny Qwen3 over the vocabulary of
-``rpg_trl.toy.build_char_tokenizer("ab")`` (7 tokens: ``<pad>``, ``</s>``, ``:``, ``A``, ``Q``, ``a``, ``b``), ending at
+``rpg_trl.tools.toy.build_char_tokenizer("ab")`` (7 tokens: ``<pad>``, ``</s>``, ``:``, ``A``, ``Q``, ``a``, ``b``), ending at
 ``</s>`` or after ``L`` tokens. The completions form a tree (57 for ``L = 2``), enumerated with their exact
 probabilities from the model's own next-token distributions. The reward is non-additive: ``R = 1`` for ``ab``,
 ``0.5`` for ``bb``, 0 otherwise. The reference (the initial model) is fitted to conditionals that make ``ab`` rare
@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .bench_optimum import (
+from .optima import (
     OPTIMA,
     OPTIMUM_OF_DIVERGENCE,
     effective_reward_scale,
@@ -227,7 +227,7 @@ def exact_fixed_point(
     """
     import torch
 
-    from ..losses import rpg_per_token_loss
+    from rpg_trl.losses import rpg_per_token_loss
 
     mask = tree.tensors()[2]
     ref_logps = tree.token_logps(ref_log_conditionals)
@@ -361,7 +361,7 @@ def train_sequence_variant(task: SequenceTask, args, variant: str, regime: str, 
     from transformers import AutoTokenizer, PrinterCallback
     from trl import GRPOTrainer
 
-    from ..trainer import RPGTrainer
+    from rpg_trl.trainer import RPGTrainer
 
     spec = SEQUENCE_VARIANTS[variant]
     tokenizer = AutoTokenizer.from_pretrained(task.model_dir)

@@ -56,8 +56,8 @@ def _worker(opts) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.toy.models import build_char_tokenizer, save_tiny_model
-    from rpg_trl.toy.rollouts import make_fixed_rollout
+    from rpg_trl.tools.toy.models import build_char_tokenizer, save_tiny_model
+    from rpg_trl.tools.toy.rollouts import make_fixed_rollout
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
@@ -164,7 +164,7 @@ def _loss_only(opts) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.toy.models import build_char_tokenizer, save_tiny_model
+    from rpg_trl.tools.toy.models import build_char_tokenizer, save_tiny_model
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
@@ -237,7 +237,7 @@ def _loss_only(opts) -> dict:
 
 
 def _run_scenario(opts, scenario: str) -> dict:
-    cmd = [sys.executable, "-m", "rpg_trl.cli.bench_speed", "--_worker", scenario] + _forwarded_flags(opts)
+    cmd = [sys.executable, "-m", "rpg_trl.tools.cli.bench_speed", "--_worker", scenario] + _forwarded_flags(opts)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
     if out.returncode != 0:
         raise RuntimeError(f"bench-speed worker for {scenario!r} failed:\n{out.stderr[-4000:]}")
@@ -271,7 +271,7 @@ def _mib(n: float) -> str:
 
 def environment(device: str) -> dict:
     """Where and when the numbers were measured: device name, versions, UTC date, and the machine as every command
-    records it ([`rpg_trl.cli.machine`]: the CPU model, the ATen kernels, the torch threads, the package versions)."""
+    records it ([`rpg_trl.tools.cli.machine`]: the CPU model, the ATen kernels, the torch threads, the package versions)."""
     import torch
     import trl
 
@@ -407,7 +407,9 @@ def _cuda_available() -> bool:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m rpg_trl.cli.bench_speed", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rpg_trl.tools.cli.bench_speed", description=__doc__.splitlines()[0]
+    )
     add_arguments(parser)
     parser.add_argument("--_worker", default=None, choices=list(SCENARIOS), help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)

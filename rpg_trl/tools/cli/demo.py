@@ -8,11 +8,11 @@ learning with a verifiable reward *sharpens* what a supervised model can already
    as the answer line ``Answer: 57`` by the project's math-verify reward
    ([`rpg_trl.math_task.rewards.accuracy_reward`]). The 8100 problems are split, once per seed, into a held-out
    evaluation set (never trained on), an RL prompt pool and a supervised pool.
-2. **Warm start.** A ~0.45M-parameter Qwen3 with a character tokenizer, built locally ([`rpg_trl.toy.models`]), is trained
+2. **Warm start.** A ~0.45M-parameter Qwen3 with a character tokenizer, built locally ([`rpg_trl.tools.toy.models`]), is trained
    with TRL's [`~trl.SFTTrainer`] on the supervised pool, where half of the labels are wrong by ±1 or ±10, mixed with
    (equally noisy) additions with a one-digit operand, which make the phase transition of learning to add arrive
    earlier and more reliably; a readiness check on unseen problems extends the warm start for the rare seeds
-   that have not learned to add yet ([`rpg_trl.toy.warm_start`]). The result usually ranks the right sum first (high greedy
+   that have not learned to add yet ([`rpg_trl.tools.toy.warm_start`]). The result usually ranks the right sum first (high greedy
    accuracy) but samples it only ~30-50% of the time at temperature 1: there is room to sharpen.
 3. **RPG.** [`rpg_trl.RPGTrainer`] (RPG-REINFORCE-URKL by default) trains on the RL pool with the exact-match reward,
    the paper's advantage (reward − group mean, no std scaling), RPG-Style Clip, β = 1e-4 and the KL anchored to the
@@ -158,12 +158,13 @@ def run_demo(args: DemoArguments) -> dict:
 
 def _run_demo(args: DemoArguments) -> dict:
     start = time.perf_counter()
-    from ..losses import PAPER_NAMES
+    from rpg_trl.losses import PAPER_NAMES
+    from rpg_trl.trainer import RPGTrainer
+
     from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed, make_splits
     from ..toy.evaluation import heldout_accuracy_callback
     from ..toy.training import rpg_config, sft_config, use_terse_progress
     from ..toy.warm_start import warm_start
-    from ..trainer import RPGTrainer
     from .plot import plot_runs
 
     output_dir = Path(args.output_dir)
@@ -299,7 +300,7 @@ def format_summary(summary: dict, output_dir: str) -> str:
 
 
 def add_parser(subparsers):
-    """Register ``rpg-trl demo`` (see [`rpg_trl.cli`])."""
+    """Register ``rpg-trl demo`` (see [`rpg_trl.tools.cli`])."""
     return subparsers.add_parser(
         "demo",
         help="Train a tiny model with RPG on CPU in a few minutes and report held-out accuracy before/after.",

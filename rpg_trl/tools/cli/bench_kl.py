@@ -1,7 +1,7 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""The KL table of ``rpg-trl bench-algos``: what each KL estimator does where the KL has something to prevent.
 
-Every arm trains the warm start of a seed with `RPGTrainer` on the *proxy* reward of [`rpg_trl.toy.proxy`] (a lenient
+Every arm trains the warm start of a seed with `RPGTrainer` on the *proxy* reward of [`rpg_trl.tools.toy.proxy`] (a lenient
 grader with a length bias) while the held-out score is the *true* reward (exact answers only), at 16 optimizer steps
 per generation batch (the paper's regime, where the policy moves away from the one that sampled each batch), with the
 KL to the warm start (`kl_anchor="reference"`) at one β for every regularised arm ([`KL_ARMS`]; β is chosen from
@@ -57,12 +57,13 @@ def kl_job(spec: dict, run_dir: str) -> dict:
     """Train one arm of the KL table and return its held-out true and proxy rewards over training and at the end."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from ..config import RPGConfig
+    from rpg_trl.config import RPGConfig
+    from rpg_trl.trainer import RPGTrainer
+
     from ..toy.addition import build_rl_dataset
     from ..toy.curves import metric_series
     from ..toy.proxy import PROXY_MAX_COMPLETION_LENGTH, proxy_reward, strict_reward
     from ..toy.training import rl_training_kwargs
-    from ..trainer import RPGTrainer
     from .bench_algos import run_summary, train_quietly, warm_started
 
     seed = spec["seed"]
@@ -123,7 +124,7 @@ def _kl_jobs(args, sft_dirs, arms, betas, seeds, root: Path) -> list[tuple[dict,
 def run_kl_table(args, sft_dirs: dict[int, str], pool) -> dict:
     """
     The KL table: the regularised arms at every β of ``args.kl_betas`` on the selection seeds (none with a single
-    β), the β with the highest mean true reward at the end over all of them ([`rpg_trl.cli.protocol.select_best`]; one β for every arm, so that
+    β), the β with the highest mean true reward at the end over all of them ([`rpg_trl.tools.cli.protocol.select_best`]; one β for every arm, so that
     the arms differ by their estimator only), then every arm of ``args.kl_arms`` at that β on the final seeds.
     Returns the selection, the chosen β, the final runs and the rows of [`summarize_kl`].
     """

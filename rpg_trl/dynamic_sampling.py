@@ -391,7 +391,8 @@ def generate_with_dynamic_sampling(
 
     picks, _ = choose_groups(local_signals, groups_needed)
     pieces = [select_groups(out, p, num_generations) for out, p in zip(outputs, picks) if p]
-    batch = concat_batches(pieces, trainer._tokenizer.pad_token_id)
+    tokenizer = getattr(trainer.processing_class, "tokenizer", trainer.processing_class)  # a processor holds one
+    batch = concat_batches(pieces, tokenizer.pad_token_id)
     batch["num_items_in_batch"] = accelerator.gather(num_loss_tokens(batch)).sum()
 
     fillers = (groups_needed - kept_per_process).clamp(min=0).sum().item()

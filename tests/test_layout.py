@@ -1,19 +1,15 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""The package layout: the library (`rpg_trl` outside `toy/`, `cli/` and `cpu_rollouts/`) never imports the tooling,
-and the toy task (`rpg_trl.tools.toy`) never imports the command line (`rpg_trl.tools.cli`). Checked on the source with `ast`,
-imports inside functions included. The modules renamed so that their names say what they hold keep their old paths as
-deprecated aliases, which nothing in the repository imports any more (an alias left inside the library may import the
-tooling it points to)."""
+"""The package layout: the library (`rpg_trl` outside `tools/`) never imports the tooling (`rpg_trl.tools`: the
+command line, the toy task, the CPU rollouts), the toy task never imports the command line, no two modules import each
+other (directly or through others), and the README's layout paragraph names every part of the package. Checked on the
+source with `ast`, imports inside functions included."""
 
 import ast
-import re
 from pathlib import Path
-
-import pytest
 
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rpg_trl"
-TOOLING = ("toy", "cli", "cpu_rollouts")
+README = PACKAGE.parent / "README.md"
 
 
 def _module_name(path: Path) -> str:
@@ -47,8 +43,7 @@ def _modules(*subpackages: str) -> list[Path]:
 
 
 def _library_modules() -> list[Path]:
-    aliases = {old for old, _, _ in MOVED}
-    return [p for p in _modules() if p.relative_to(PACKAGE).parts[0] not in TOOLING and _module_name(p) not in aliases]
+    return [p for p in _modules() if p.relative_to(PACKAGE).parts[0] != "tools"]
 
 
 def _offending(paths: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
@@ -60,37 +55,110 @@ def _offending(paths: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[
     return found
 
 
-def test_the_walk_sees_every_kind_of_import(tmp_path):
+def test_the_walk_sees_every_kind_of_import():
     """The checker itself: absolute, relative (one and two levels) and function-level imports are all resolved."""
-    module = PACKAGE / "reliability" / "checks.py"
-    names = _imported_modules(module)
+    names = _imported_modules(PACKAGE / "reliability" / "checks.py")
     assert "transformers.utils" in names  # absolute, at the top
-    cli_demo = _imported_modules(PACKAGE / "cli" / "demo.py")
-    assert {
-        "rpg_trl.tools.toy.addition",
-        "rpg_trl.trainer",
-        "rpg_trl.tools.cli.plot",
-    } <= cli_demo  # `..`, `..`, `.` in functions
+    cli_demo = _imported_modules(PACKAGE / "tools" / "cli" / "demo.py")
+    # `..` (within tools), absolute and `.`, all inside functions
+    assert {"rpg_trl.tools.toy.addition", "rpg_trl.trainer", "rpg_trl.tools.cli.plot"} <= cli_demo
 
 
 def test_library_modules_exist_and_the_tooling_is_apart():
     library = {_module_name(p) for p in _library_modules()}
     assert {"rpg_trl", "rpg_trl.losses", "rpg_trl.config", "rpg_trl.trainer", "rpg_trl.ref_sync.trigger"} <= library
-    assert not library & {"rpg_trl.tiny", "rpg_trl.demo", "rpg_trl.plotting", "rpg_trl.bench_speed"}
-    assert not library & {
-        "rpg_trl.tools.cpu_rollouts",
-        "rpg_trl.tools.cpu_rollouts.worker",
-        "rpg_trl.tools.cpu_rollouts.attention",
-    }
+    tooling = {_module_name(p) for p in _modules("tools")}
+    assert {"rpg_trl.tools.cli", "rpg_trl.tools.toy", "rpg_trl.tools.cpu_rollouts.worker"} <= tooling
+    assert not library & tooling
 
 
-@pytest.mark.parametrize("forbidden", [(f"rpg_trl.{tooling}",) for tooling in TOOLING])
-def test_no_library_module_imports_the_tooling(forbidden):
-    assert _offending(_library_modules(), forbidden) == {}
+def test_no_library_module_imports_the_tooling():
+    assert _offending(_library_modules(), ("rpg_trl.tools",)) == {}
 
 
 def test_the_toy_task_never_imports_the_command_line():
-    assert _offending(_modules("toy"), ("rpg_trl.tools.cli",)) == {}
+    assert _offending(_modules("tools", "toy"), ("rpg_trl.tools.cli",)) == {}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Module -> the modules of the package it imports (a name imported from a module counts as that module; a
+    module's own parent packages, which Python imports first anyway, are left out)."""
+    modules = {_module_name(p): p for p in _modules()}
+    graph = {}
+    for name, path in modules.items():
+        deps = set()
+        for imported in _imported_modules(path):
+            while imported and imported not in modules:  # `from .x import f` names `pkg.x.f`
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not name.startswith(imported + "."):
+                deps.add(imported)
+        graph[name] = deps
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan's algorithm), each sorted."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return sorted(found)
+
+
+def test_the_cycle_finder_on_a_hand_made_graph():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a", "e"}, "e": {"d"}, "f": set()}
+    assert _cycles(graph) == [["a", "b", "c"], ["d", "e"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_two_modules_import_each_other():
+    """The two optimum benchmarks share `tools/cli/optima.py`, and the two tables of bench-algos share
+    `tools/cli/runs.py`, instead of importing each other."""
+    graph = _import_graph()
+    assert "rpg_trl.tools.cli.optima" in graph["rpg_trl.tools.cli.bench_optimum_sequence"]
+    assert "rpg_trl.tools.cli.runs" in graph["rpg_trl.tools.cli.bench_kl"]
+    assert _cycles(graph) == []
+
+
+def test_the_readme_layout_names_every_part_of_the_package():
+    """Each module and subpackage directly under `rpg_trl/` and `rpg_trl/tools/` is named in the README's layout
+    paragraph, as `name.py` or `name/`."""
+    text = README.read_text()
+    layout = text[text.index("## Documentation and layout") :]
+    layout = layout[: layout.index("\n## ")]
+    missing = []
+    for folder in (PACKAGE, PACKAGE / "tools"):
+        for entry in sorted(folder.iterdir()):
+            if entry.name.startswith("_"):
+                continue
+            if entry.is_dir() and (entry / "__init__.py").exists():
+                name = f"{entry.name}/"
+            elif entry.suffix == ".py":
+                name = entry.name
+            else:
+                continue
+            if f"`{name}`" not in layout:
+                missing.append(name)
+    assert missing == []
 
 
 def test_toy_exports_resolve():
@@ -98,77 +166,6 @@ def test_toy_exports_resolve():
 
     for name in toy.__all__:
         assert getattr(toy, name) is not None, name
-
-
-#: Modules renamed so that their names say what they hold (old path, new path, what the warning tells to import).
-MOVED = [
-    ("rpg_trl.callbacks", "rpg_trl.ref_sync.callback", "from rpg_trl.ref_sync import RefModelSyncCallback"),
-    ("rpg_trl.baselines", "rpg_trl.reinforce_plus_plus", "rpg_trl.reinforce_plus_plus"),
-    ("rpg_trl.data", "rpg_trl.math_task.data", "rpg_trl.math_task.data"),
-    ("rpg_trl.rewards", "rpg_trl.math_task.rewards", "rpg_trl.math_task.rewards"),
-    ("rpg_trl.async_rpg.local", "rpg_trl.tools.cpu_rollouts", "rpg_trl.tools.cpu_rollouts"),
-]
-
-
-@pytest.mark.parametrize("old, new, advice", MOVED, ids=[m[0] for m in MOVED])
-def test_old_import_paths_still_work_and_warn(old, new, advice, monkeypatch):
-    """Each old module is an alias: it warns (FutureWarning, naming the new path) and gives the same objects."""
-    import importlib
-    import sys
-
-    parent, name = old.rsplit(".", 1)
-    monkeypatch.delitem(sys.modules, old, raising=False)  # a fresh import, so that the module-level warning fires
-    monkeypatch.delattr(importlib.import_module(parent), name, raising=False)
-    with pytest.warns(FutureWarning, match=re.escape(advice)):
-        alias = importlib.import_module(old)
-    module = importlib.import_module(new)
-    public = getattr(module, "__all__", None) or [n for n in vars(module) if not n.startswith("_")]
-    assert set(public) <= set(alias.__all__)
-    for name in alias.__all__:
-        assert getattr(alias, name) is getattr(module, name), name
-
-
-def test_moved_names_resolve_from_their_packages():
-    import rpg_trl
-    import rpg_trl.math_task as math_task
-    import rpg_trl.math_task.data as data
-    import rpg_trl.math_task.rewards as rewards
-    from rpg_trl.ref_sync import RefModelSyncCallback
-    from rpg_trl.ref_sync.callback import RefModelSyncCallback as defined
-
-    assert rpg_trl.RefModelSyncCallback is RefModelSyncCallback is defined
-    assert set(math_task.__all__) == set(data.__all__) | set(rewards.__all__)
-    for name in math_task.__all__:
-        assert getattr(math_task, name) is getattr(data if name in data.__all__ else rewards, name), name
-
-
-def test_nothing_in_the_repository_imports_the_old_paths():
-    aliases = {old for old, _, _ in MOVED}
-    sources = [p for p in _modules() if _module_name(p) not in aliases]
-    sources += sorted((PACKAGE.parent / "examples").glob("*.py")) + sorted((PACKAGE.parent / "tests").rglob("*.py"))
-    found = {}
-    for path in sources:
-        if path.resolve() == Path(__file__).resolve():
-            continue  # this file imports them on purpose
-        bad = sorted(n for n in _imported_modules(path) if n in aliases)
-        if bad:
-            found[str(path.relative_to(PACKAGE.parent))] = bad
-    assert found == {}
-
-
-def test_the_importance_weight_monitor_moved_with_an_alias():
-    """The importance-weight monitor has its own module (with its trainer mixin); the old name in `checks` warns and
-    gives the same objects."""
-    import rpg_trl.reliability as reliability
-    import rpg_trl.reliability.checks as checks
-    from rpg_trl.reliability import importance_weights
-
-    for name in ("ImportanceWeightMonitor", "IMPORTANCE_WEIGHT_WARNING_INTERVAL"):
-        with pytest.warns(FutureWarning, match=re.escape(f"rpg_trl.reliability.importance_weights import {name}")):
-            assert getattr(checks, name) is getattr(importance_weights, name)
-    assert reliability.ImportanceWeightMonitor is importance_weights.ImportanceWeightMonitor
-    with pytest.raises(AttributeError):
-        checks.no_such_name  # noqa: B018
 
 
 def test_the_mixins_keep_to_their_own_attributes():

@@ -16,8 +16,8 @@ Two tables, on the demo's task (two-digit additions from a supervised warm start
 Reported per method (over the final seeds): Last, Best and Gain over the warm start (held-out accuracy), stability
 (largest fall of the training reward, runs that collapse, entropy at the end), each as a mean with its 95 % Student-t
 interval, and the paired difference to GRPO with its interval ([`rpg_trl.tools.cli.protocol`]). A run **collapses** when it
-ends more than [`COLLAPSE_ACCURACY_DROP`] below its warm start or its training reward falls by more than
-[`COLLAPSE_REWARD_DROP`] below its running maximum (moving average over 5 generation batches).
+ends more than [`runs.COLLAPSE_ACCURACY_DROP`] below its warm start or its training reward falls by more than
+[`runs.COLLAPSE_REWARD_DROP`] below its running maximum (moving average over 5 generation batches).
 
 Runs are independent jobs spread over ``--num_workers`` processes of one torch thread each (the numbers do not depend
 on the number of workers), and each run stores its result in its folder: a command interrupted and started again
@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import apply_preset, check_arguments, dataclass_arguments, machine, print_report
+from .runs import describe_run, run_spec, run_summary, train_quietly, warm_started
 from .warm_start_bench import WARM_START_PRESETS, add_bench_parser, chosen, output_dir_field
 
 
@@ -71,11 +72,6 @@ ALGORITHMS = {
 BASELINE = "GRPO"
 #: The tables the command can run.
 TABLES = ("algorithms", "kl")
-#: Collapse: the run ends this far below its warm start (held-out accuracy), or its training reward (moving average)
-#: falls this far below its running maximum.
-COLLAPSE_ACCURACY_DROP = 0.05
-COLLAPSE_REWARD_DROP = 0.20
-
 #: The protocol (full) and the smoke test (``--quick``): the values of the options left unset.
 PRESETS = {
     "full": {
@@ -223,82 +219,6 @@ def warm_start_job(spec: dict, run_dir: str) -> dict:
     )
 
 
-def run_summary(history: list[dict], curve: list[dict], seconds: float, regime: int) -> dict:
-    """
-    The numbers of one run from its `log_history` and held-out `curve`: [`heldout_summary`]'s (Last, Gain, Best,
-    largest reward drop), whether it collapsed, the entropy at the end (mean over the last generation batch's steps)
-    and the means over training of the logged KL, clipped fraction and importance-weight extremes (None where the
-    trainer does not log them).
-    """
-    from ..toy.curves import metric_series
-    from .warm_start_bench import heldout_summary
-
-    _, rewards = metric_series(history, "reward")
-
-    def mean_of(key: str, last: int | None = None) -> float | None:
-        values = metric_series(history, key)[1]
-        values = values[-last:] if last else values
-        return statistics.fmean(values) if values else None
-
-    summary = heldout_summary(
-        curve,
-        rewards,
-        seconds,
-        entropy_end=mean_of("entropy", last=regime),
-        kl=mean_of("kl"),
-        clip_region=mean_of("clip_ratio/region_mean"),
-        importance_weight_max=mean_of("importance_weight/max"),
-        importance_weight_min=mean_of("importance_weight/min"),
-    )
-    summary["collapsed"] = (
-        summary["last"] < summary["initial"] - COLLAPSE_ACCURACY_DROP
-        or summary["max_reward_drop"] > COLLAPSE_REWARD_DROP
-    )
-    return summary
-
-
-def quiet(trainer) -> None:
-    """No per-run progress bar nor printed log lines (runs share the terminal; the command counts them)."""
-    from transformers import PrinterCallback, ProgressCallback
-
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-
-
-def warm_started(spec: dict, **heldout_kwargs):
-    """The seed's splits, the warm start of `spec` (model, tokenizer) and a held-out callback on them
-    ([`rpg_trl.tools.toy.evaluation.heldout_accuracy_callback`] with `heldout_kwargs`): what every run starts from."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..toy.addition import evaluation_seed, make_splits
-    from ..toy.evaluation import heldout_accuracy_callback
-
-    seed = spec["seed"]
-    splits = make_splits(seed, num_eval=spec["eval_problems"])
-    model = AutoModelForCausalLM.from_pretrained(spec["sft_dir"])
-    tokenizer = AutoTokenizer.from_pretrained(spec["sft_dir"])
-    heldout = heldout_accuracy_callback(
-        model,
-        tokenizer,
-        splits.eval,
-        every=spec["eval_every"],
-        num_samples=spec["eval_samples"],
-        seed=evaluation_seed(seed),
-        **heldout_kwargs,
-    )
-    return splits, model, tokenizer, heldout
-
-
-def train_quietly(trainer) -> float:
-    """Train without progress bar nor printed logs ([`quiet`]), save the trainer state; return the seconds taken."""
-    quiet(trainer)
-    start = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - start
-    trainer.save_state()
-    return seconds
-
-
 def algorithm_job(spec: dict, run_dir: str) -> dict:
     """Train `spec["algorithm"]` from the warm start `spec["sft_dir"]` and return its [`run_summary`]."""
     from trl import GRPOConfig, GRPOTrainer
@@ -358,29 +278,6 @@ def warm_starts(args: BenchAlgosArguments, seeds: list[int], pool) -> dict[int, 
     return {spec["seed"]: run_dir for spec, run_dir in jobs}
 
 
-def run_spec(args, sft_dirs: dict[int, str], seed: int, **arm) -> dict:
-    """The specification of one run (what its cached result is keyed by): the `arm`'s settings, the seed and its warm
-    start, and the budget and evaluation shared by every run of the command."""
-    return {
-        **arm,
-        "seed": seed,
-        "sft_dir": sft_dirs[seed],
-        "steps": args.steps,
-        "eval_every": args.eval_every,
-        "eval_problems": args.eval_problems,
-        "eval_samples": args.eval_samples,
-    }
-
-
-def _describe(spec: dict, result: dict) -> str:
-    what = spec.get("algorithm") or spec.get("arm")
-    where = f"spg {spec['regime']}, " if "regime" in spec else ""
-    return (
-        f"[{where}lr {spec['learning_rate']:.2e}, seed {spec['seed']}] {what}: held-out {result['initial']:.3f} -> "
-        f"{result['last']:.3f} (best {result['best']:.3f}) in {result['seconds']:.0f} s"
-    )
-
-
 def run_algorithms_table(args: BenchAlgosArguments, sft_dirs: dict[int, str], pool) -> dict:
     """
     The algorithms table: every (regime, method, learning rate) on the selection seeds, the rule
@@ -404,7 +301,7 @@ def run_algorithms_table(args: BenchAlgosArguments, sft_dirs: dict[int, str], po
                         jobs.append((spec, str(run_dir)))
         return jobs
 
-    common = {"pool": pool, "num_threads": args.num_threads, "describe": _describe}
+    common = {"pool": pool, "num_threads": args.num_threads, "describe": describe_run}
     selection_jobs = jobs_for(args.selection_seeds, lambda regime, algorithm: args.learning_rates)
     selection = run_jobs(selection_jobs, algorithm_job, desc="algorithms: selection runs", **common)
     grid: dict[tuple, dict[float, list[float]]] = {}

@@ -64,7 +64,7 @@ def kl_job(spec: dict, run_dir: str) -> dict:
     from ..toy.curves import metric_series
     from ..toy.proxy import PROXY_MAX_COMPLETION_LENGTH, proxy_reward, strict_reward
     from ..toy.training import rl_training_kwargs
-    from .bench_algos import run_summary, train_quietly, warm_started
+    from .runs import run_summary, train_quietly, warm_started
 
     seed = spec["seed"]
     splits, model, tokenizer, scores = warm_started(
@@ -109,7 +109,7 @@ def kl_job(spec: dict, run_dir: str) -> dict:
 
 
 def _kl_jobs(args, sft_dirs, arms, betas, seeds, root: Path) -> list[tuple[dict, str]]:
-    from .bench_algos import run_spec
+    from .runs import run_spec
 
     jobs = []
     for arm in arms:
@@ -128,11 +128,11 @@ def run_kl_table(args, sft_dirs: dict[int, str], pool) -> dict:
     the arms differ by their estimator only), then every arm of ``args.kl_arms`` at that β on the final seeds.
     Returns the selection, the chosen β, the final runs and the rows of [`summarize_kl`].
     """
-    from .bench_algos import _describe
     from .protocol import run_jobs, select_best
+    from .runs import describe_run
 
     root = Path(args.output_dir) / "kl"
-    common = {"pool": pool, "num_threads": args.num_threads, "describe": _describe}
+    common = {"pool": pool, "num_threads": args.num_threads, "describe": describe_run}
     regularised = [arm for arm in args.kl_arms if ALL_KL_ARMS[arm].get("beta") != 0.0]
     # A grid of one β selects nothing: no selection runs then.
     betas = args.kl_betas if len(args.kl_betas) > 1 else []

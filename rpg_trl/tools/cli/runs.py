@@ -1,0 +1,114 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""One run of ``rpg-trl bench-algos``, shared by its two tables ([`rpg_trl.tools.cli.bench_algos`] and
+[`rpg_trl.tools.cli.bench_kl`]): the specification its cached result is keyed by, the warm start it starts from with
+its held-out evaluation, quiet training, and the summary of the run (held-out accuracy, stability, collapse)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+#: Collapse: the run ends this far below its warm start (held-out accuracy), or its training reward (moving average)
+#: falls this far below its running maximum.
+COLLAPSE_ACCURACY_DROP = 0.05
+COLLAPSE_REWARD_DROP = 0.20
+
+
+def run_summary(history: list[dict], curve: list[dict], seconds: float, regime: int) -> dict:
+    """
+    The numbers of one run from its `log_history` and held-out `curve`: [`heldout_summary`]'s (Last, Gain, Best,
+    largest reward drop), whether it collapsed, the entropy at the end (mean over the last generation batch's steps)
+    and the means over training of the logged KL, clipped fraction and importance-weight extremes (None where the
+    trainer does not log them).
+    """
+    from ..toy.curves import metric_series
+    from .warm_start_bench import heldout_summary
+
+    _, rewards = metric_series(history, "reward")
+
+    def mean_of(key: str, last: int | None = None) -> float | None:
+        values = metric_series(history, key)[1]
+        values = values[-last:] if last else values
+        return statistics.fmean(values) if values else None
+
+    summary = heldout_summary(
+        curve,
+        rewards,
+        seconds,
+        entropy_end=mean_of("entropy", last=regime),
+        kl=mean_of("kl"),
+        clip_region=mean_of("clip_ratio/region_mean"),
+        importance_weight_max=mean_of("importance_weight/max"),
+        importance_weight_min=mean_of("importance_weight/min"),
+    )
+    summary["collapsed"] = (
+        summary["last"] < summary["initial"] - COLLAPSE_ACCURACY_DROP
+        or summary["max_reward_drop"] > COLLAPSE_REWARD_DROP
+    )
+    return summary
+
+
+def quiet(trainer) -> None:
+    """No per-run progress bar nor printed log lines (runs share the terminal; the command counts them)."""
+    from transformers import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+
+
+def warm_started(spec: dict, **heldout_kwargs):
+    """The seed's splits, the warm start of `spec` (model, tokenizer) and a held-out callback on them
+    ([`rpg_trl.tools.toy.evaluation.heldout_accuracy_callback`] with `heldout_kwargs`): what every run starts from."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..toy.addition import evaluation_seed, make_splits
+    from ..toy.evaluation import heldout_accuracy_callback
+
+    seed = spec["seed"]
+    splits = make_splits(seed, num_eval=spec["eval_problems"])
+    model = AutoModelForCausalLM.from_pretrained(spec["sft_dir"])
+    tokenizer = AutoTokenizer.from_pretrained(spec["sft_dir"])
+    heldout = heldout_accuracy_callback(
+        model,
+        tokenizer,
+        splits.eval,
+        every=spec["eval_every"],
+        num_samples=spec["eval_samples"],
+        seed=evaluation_seed(seed),
+        **heldout_kwargs,
+    )
+    return splits, model, tokenizer, heldout
+
+
+def train_quietly(trainer) -> float:
+    """Train without progress bar nor printed logs ([`quiet`]), save the trainer state; return the seconds taken."""
+    quiet(trainer)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    trainer.save_state()
+    return seconds
+
+
+def run_spec(args, sft_dirs: dict[int, str], seed: int, **arm) -> dict:
+    """The specification of one run (what its cached result is keyed by): the `arm`'s settings, the seed and its warm
+    start, and the budget and evaluation shared by every run of the command."""
+    return {
+        **arm,
+        "seed": seed,
+        "sft_dir": sft_dirs[seed],
+        "steps": args.steps,
+        "eval_every": args.eval_every,
+        "eval_problems": args.eval_problems,
+        "eval_samples": args.eval_samples,
+    }
+
+
+def describe_run(spec: dict, result: dict) -> str:
+    what = spec.get("algorithm") or spec.get("arm")
+    where = f"spg {spec['regime']}, " if "regime" in spec else ""
+    return (
+        f"[{where}lr {spec['learning_rate']:.2e}, seed {spec['seed']}] {what}: held-out {result['initial']:.3f} -> "
+        f"{result['last']:.3f} (best {result['best']:.3f}) in {result['seconds']:.0f} s"
+    )

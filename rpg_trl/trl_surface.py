@@ -1,0 +1,242 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""TRL's and transformers' private surface that the library relies on, in one table, and the check of it.
+
+`RPGTrainer` subclasses TRL's `GRPOTrainer` and `AsyncRPGTrainer` TRL's `AsyncGRPOTrainer`, as TRL's own experimental
+trainers do (GMPO, SDPO, ...): the loss, the batch and a few checkpoint steps are reached through private methods,
+attributes and batch keys, which a TRL release may rename without notice. [`PRIVATE_SURFACE`] lists every one of them
+with what the library does with it; [`check_private_surface`] compares the table with the installed TRL and
+transformers and returns what moved. `tests/test_trl_surface.py` runs it, and also checks that the table is complete
+(every private name of TRL's trainers that the library touches, and every batch key it reads, is listed).
+
+Before bumping the pinned TRL (``trl==1.16.0`` in ``setup.cfg``): install the new release, run
+``python -m pytest tests/test_trl_surface.py``, and go through what it lists (``docs/design.md``, "Bumping TRL").
+
+Why private overrides rather than public hooks: TRL 1.16 has no public hook for the loss (`_compute_loss` is what
+`compute_loss` delegates to, and what TRL's own experimental trainers override), for the generated batch
+(`_generate_and_score_completions`, `_calculate_rewards`, `_prepare_inputs`), or for state saved in and restored from a
+checkpoint at a given point of the save (`_save_checkpoint`, `_load_optimizer_and_scheduler`, `_save_rng_state`,
+`_load_rng_state`, `_load_callback_state`): a callback's `on_save` runs after the checkpoint is written, and no callback
+is told which checkpoint a run resumes from. Where a public name serves (the tokenizer through `processing_class`), the
+library uses it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+from dataclasses import dataclass
+
+
+#: The TRL release the table was written against (the pin in ``setup.cfg``).
+TRL_VERSION = "1.16.0"
+
+GRPO = "trl.GRPOTrainer"
+ASYNC_GRPO = "trl.experimental.async_grpo.AsyncGRPOTrainer"
+TRAINER = "transformers.Trainer"
+
+#: What the library does with a name: defines it in a subclass (`override`), calls it (`call`), reads or writes it on
+#: the instance (`state`), redefines it on the class (`class attribute`), reads it from a batch (`batch key`), or relies
+#: on what the owner's ``__init__`` does with an argument (`behaviour`).
+KINDS = ("override", "call", "state", "class attribute", "batch key", "behaviour")
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    """One private name of TRL or transformers that the library relies on."""
+
+    #: Where it lives: a class (``trl.GRPOTrainer``) or, for a batch key, the function whose source produces or reads it.
+    owner: str
+    #: The attribute, method or batch key.
+    name: str
+    kind: str
+    #: The library modules that use it.
+    used_in: tuple[str, ...]
+    #: For `override` and `call`: the method's parameters after ``self``, as the library calls or overrides it. For
+    #: `behaviour`: source fragments of the owner's method that the library's use depends on.
+    signature: tuple[str, ...] = ()
+    note: str = ""
+
+
+def _methods(owner, kind, used_in, note, **signatures):
+    return [PrivateName(owner, name, kind, used_in, tuple(params), note) for name, params in signatures.items()]
+
+
+def _keys(owner, used_in, names, note=""):
+    return [PrivateName(owner, name, "batch key", used_in, (), note) for name in names]
+
+
+_TRAINER_PY, _RFPP, _DS, _REL = "trainer.py", "reinforce_plus_plus.py", "dynamic_sampling.py", "reliability/"
+_ASYNC = "async_rpg/trainer.py"
+_MULTIMODAL = (
+    "pixel_values",
+    "image_grid_thw",
+    "num_images",
+    "pixel_attention_mask",
+    "spatial_shapes",
+    "num_tiles",
+    "image_sizes",
+    "token_type_ids",
+    "mm_token_type_ids",
+    "image_position_ids",
+)
+
+# fmt: off
+#: Every private name of TRL and transformers that the library relies on (TRL 1.16.0, transformers 5.17 to 5.24).
+PRIVATE_SURFACE: tuple[PrivateName, ...] = (
+    # ---- GRPOTrainer: the loss and the generated batch
+    *_methods(GRPO, "override", (_TRAINER_PY, _RFPP), "RPG's loss (Sec. 3, Tables 1 and 4) replaces GRPO's.",
+              _compute_loss=("model", "inputs")),
+    *_methods(GRPO, "override", (_DS, _RFPP), "Dynamic sampling regenerates; REINFORCE++ recomputes advantages.",
+              _generate_and_score_completions=("inputs",)),
+    *_methods(GRPO, "override", (_DS, _REL), "The reward guard; dynamic sampling keeps each round's rewards.",
+              _calculate_rewards=("inputs", "prompts", "completions", "completion_ids_list")),
+    *_methods(GRPO, "override", (_REL,), "Generation errors name the vLLM server (passed through unchanged).",
+              _generate_single_turn=("prompt_ids", "images", "multimodal_fields", "num_generations",
+                                     "has_tool_images")),
+    *_methods(GRPO, "override", (_REL,), "Length checks on the batch; the generation state for exact resume.",
+              _prepare_inputs=("generation_batch",)),
+    *_methods(GRPO, "call", (_TRAINER_PY, _RFPP), "The policy's log-probs and entropies, as GRPO computes them.",
+              _get_per_token_logps_and_entropies=(
+                  "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
+                  "compute_aux_loss", *_MULTIMODAL)),
+    # ---- transformers.Trainer: checkpoints and datasets
+    *_methods(TRAINER, "override", (_TRAINER_PY, "reliability/checkpoints.py"),
+              "The synced reference and the commit record go into the checkpoint.",
+              _save_checkpoint=("model", "trial")),
+    *_methods(TRAINER, "override", (_TRAINER_PY,), "Resume restores the synced reference (all backends).",
+              _load_optimizer_and_scheduler=("checkpoint",)),
+    *_methods(TRAINER, "override", (_TRAINER_PY,), "The adaptive KL controller stays the trainer's own.",
+              _load_callback_state=()),
+    *_methods(TRAINER, "override", (_DS, _REL), "Generation state saved and loaded beside the RNG state.",
+              _save_rng_state=("output_dir",), _load_rng_state=("checkpoint",)),
+    *_methods(TRAINER, "call", ("ref_sync/callback.py", "reliability/checkpoints.py"),
+              "Where the checkpoint of this step goes.", _get_output_dir=("trial",)),
+    *_methods(TRAINER, "call", (_DS,), "Dynamic sampling draws extra prompts as the train dataloader does.",
+              _remove_unused_columns=("dataset", "description"),
+              _get_collator_with_removed_columns=("data_collator", "description")),
+    # ---- GRPOTrainer's state
+    PrivateName(GRPO, "_metrics", "state", (_TRAINER_PY, _RFPP, _DS, "kl_control.py", "ref_sync/callback.py",
+                                            "reliability/importance_weights.py"),
+                note="mode -> metric -> list of values; GRPOTrainer.log averages and logs them."),
+    PrivateName(GRPO, "_step", "state", ("reliability/generation_state.py",),
+                note="Micro-batch counter that picks the buffered generation batch; restored on resume."),
+    PrivateName(GRPO, "_buffered_inputs", "state", ("reliability/generation_state.py",),
+                note="The generation batch served over `steps_per_generation`; saved for an exact resume."),
+    PrivateName(GRPO, "_entropy_bonus_enabled", "state", (_TRAINER_PY,), note="Entropy bonus on or off."),
+    PrivateName(GRPO, "_entropy_window_stats", "state", (_TRAINER_PY,),
+                note="The adaptive entropy controller's window, updated as GRPOTrainer._compute_loss does."),
+    PrivateName(GRPO, "_last_world_entropy", "state", (_TRAINER_PY,),
+                note="The adaptive entropy controller's last entropy (saved by GRPOTrainer)."),
+    *[PrivateName(GRPO, name, "class attribute", (_TRAINER_PY, _ASYNC), note="Model card: tags, name, paper.")
+      for name in ("_tag_names", "_name", "_paper")],
+    # ---- GRPOTrainer.__init__
+    PrivateName(GRPO, "__init__", "behaviour", (_TRAINER_PY,),
+                ("self.beta = args.beta", "if self.beta == 0.0:", "self.ref_model = None"),
+                "With kl_anchor='sampling', RPGTrainer builds GRPOTrainer with beta = 0 (no reference model) "
+                "and sets it back."),
+    PrivateName(GRPO, "__init__", "behaviour", (_TRAINER_PY,),
+                ("if args.sync_ref_model:", "SyncRefModelCallback"),
+                "RPGTrainer builds GRPOTrainer with sync_ref_model = False and installs its own "
+                "RefModelSyncCallback."),
+    # ---- the batch of GRPOTrainer._generate_and_score_completions, read by _compute_loss
+    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _RFPP, _DS),
+      ("completion_ids", "completion_mask", "tool_mask")),
+*_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _RFPP),
+      ("prompt_ids", "prompt_mask", "advantages", "old_per_token_logps", "ref_per_token_logps"),
+      "REINFORCE++ replaces the advantages."),
+*_keys(f"{GRPO}._generate_and_score_completions", ("reliability/checks.py",), ("prompt_mask",)),
+*_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _DS), ("num_items_in_batch",),
+      "Dynamic sampling recounts it for the batch it keeps."),
+*_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY,),
+      ("importance_sampling_ratio", "sampling_per_token_logps")),
+*_keys(f"{GRPO}._compute_loss", (_TRAINER_PY,), _MULTIMODAL, "Passed on to the model as GRPOTrainer does."),
+    # ---- AsyncGRPOTrainer: the packed stream, its loss and its step accounting
+    PrivateName(ASYNC_GRPO, "_metrics", "state", (_ASYNC,), note="mode -> metric -> list of values."),
+    *[PrivateName(ASYNC_GRPO, name, "state", (_ASYNC,),
+                  note="Per-step accounting flushed by AsyncGRPOTrainer._log_step_metrics (throughput, MFU).")
+      for name in ("_last_forward_time_s", "_step_forward_s", "_step_forward_tokens", "_step_samples",
+                   "_step_seq_len_weighted", "_step_trained_tokens")],
+    *_keys(f"{ASYNC_GRPO}.compute_loss", (_ASYNC,),
+           ("attention_mask", "input_ids", "position_ids", "shift_labels", "token_index", "old_log_probs",
+            "advantages", "segment_id", "global_n_tokens", "global_n_forward_tokens", "mean_seq_len",
+            "tree_max_seqlens", "tree_cu_seqlens_q", "tree_cu_seqlens_k", "tree_kv_index")),
+)
+# fmt: on
+
+
+def _resolve(dotted: str):
+    """The object at `dotted` ("package.module.Name.attr"): the longest importable module prefix, then attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for part in parts[cut:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(dotted)
+
+
+def _source_of_class(cls) -> str:
+    """The source of `cls` and of its bases from TRL and transformers (where an instance attribute is set)."""
+    chunks = []
+    for base in cls.__mro__:
+        if base.__module__.split(".")[0] in ("trl", "transformers"):
+            try:
+                chunks.append(inspect.getsource(base))
+            except (OSError, TypeError):
+                pass
+    return "\n".join(chunks)
+
+
+def check_private_surface(surface=PRIVATE_SURFACE) -> list[str]:
+    """
+    Compare `surface` with the installed TRL and transformers; return one line per name that moved (empty when
+    everything the library relies on is where it expects it):
+
+    * `override`/`call`: the owner has the method, with exactly the parameters of `signature` after ``self``;
+    * `state`: the owner (or one of its TRL/transformers bases) assigns ``self.<name>``;
+    * `class attribute`: the owner has the attribute;
+    * `batch key`: the owner's source mentions the key as a string;
+    * `behaviour`: the owner's method contains each source fragment of `signature`.
+    """
+    problems = []
+    sources: dict[str, str] = {}
+    for entry in surface:
+        where = f"{entry.owner}.{entry.name} ({entry.kind}, used in {', '.join(entry.used_in)})"
+        try:
+            owner = _resolve(entry.owner)
+        except (ImportError, AttributeError) as exc:
+            problems.append(f"{where}: the owner {entry.owner} is gone ({exc!r})")
+            continue
+        if entry.kind in ("override", "call"):
+            method = getattr(owner, entry.name, None)
+            if not callable(method):
+                problems.append(f"{where}: no such method")
+                continue
+            params = tuple(inspect.signature(method).parameters)[1:]
+            if params != entry.signature:
+                problems.append(f"{where}: parameters {params}, expected {entry.signature}")
+        elif entry.kind == "state":
+            if entry.owner not in sources:
+                sources[entry.owner] = _source_of_class(owner)
+            assignment = rf"self\.{re.escape(entry.name)}\s*(?::[^=\n]*)?=(?!=)"  # `self._x = ...`, `self._x: T = ...`
+            if not re.search(assignment, sources[entry.owner]):
+                problems.append(f"{where}: {entry.owner} no longer sets self.{entry.name}")
+        elif entry.kind == "class attribute":
+            if not hasattr(owner, entry.name):
+                problems.append(f"{where}: no such class attribute")
+        elif entry.kind == "batch key":
+            text = inspect.getsource(owner)
+            if f'"{entry.name}"' not in text and f"'{entry.name}'" not in text:
+                problems.append(f"{where}: the key is no longer in the source of {entry.owner}")
+        elif entry.kind == "behaviour":
+            text = inspect.getsource(getattr(owner, entry.name))
+            missing = [fragment for fragment in entry.signature if fragment not in text]
+            if missing:
+                problems.append(f"{where}: {entry.owner}.{entry.name} no longer contains {missing} ({entry.note})")
+        else:
+            problems.append(f"{where}: unknown kind {entry.kind!r}; choose one of {KINDS}")
+    return problems

@@ -51,6 +51,11 @@ REPLACED_LOSS_TYPES = {
 }
 
 
+class OnPolicyKLWarning(UserWarning):
+    """The KL to the sampling policy cannot act: every optimizer step uses freshly generated data, so π_θ = π_old and
+    the KL term has no gradient (`RPGConfig` warns at construction)."""
+
+
 @dataclass
 class RPGLossArguments:
     """RPG's loss fields (paper Sec. 3-5, Appendix H), shared by [`RPGConfig`] and the asynchronous trainer's config.
@@ -567,6 +572,7 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             f"gradient_accumulation_steps = {self.gradient_accumulation_steps}), so π_θ = π_ref = π_old at each "
             f"step and the KL term's gradient is {effect}: the KL does not regularise. The paper takes several "
             "optimizer steps per generation batch; raise `steps_per_generation` or `num_iterations`.",
+            OnPolicyKLWarning,
             stacklevel=3,
         )
 

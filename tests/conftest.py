@@ -1,7 +1,6 @@
 """Shared fixtures: tiny Qwen3 models and prompt datasets built locally (nothing is downloaded)."""
 
 import os
-import warnings
 
 import pytest
 
@@ -10,7 +9,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
-warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -185,7 +185,7 @@ def test_command_writes_table_figure_and_json(tmp_path, capsys):
     `--output-json`."""
     import json
 
-    from rpg_trl import cli
+    from rpg_trl.tools import cli
 
     output_json = tmp_path / "elsewhere" / "optimum.json"
     argv = ["bench-optimum", "--output-dir", str(tmp_path / "out"), "--output-json", str(output_json)]

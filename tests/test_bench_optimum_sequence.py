@@ -109,7 +109,7 @@ def test_command_writes_table_figure_and_json(tmp_path, capsys):
     figure, the JSON at `--output-json` with the machine it ran on."""
     import json
 
-    from rpg_trl import cli
+    from rpg_trl.tools import cli
 
     output_json = tmp_path / "elsewhere" / "sequence.json"
     argv = ["bench-optimum", "--completion_length", "2", "--output-dir", str(tmp_path / "out")]

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from rpg_trl import cli
+from rpg_trl.tools import cli
 from rpg_trl.tools.cli.bench_speed import add_arguments, settings
 from rpg_trl.tools.toy import make_fixed_rollout
 

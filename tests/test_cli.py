@@ -12,7 +12,8 @@ import pytest
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_trl import RPGConfig, RPGTrainer, cli
+from rpg_trl import RPGConfig, RPGTrainer
+from rpg_trl.tools import cli
 from rpg_trl.tools.cli import bench_algos, plot
 from rpg_trl.tools.toy import build_char_tokenizer, build_tiny_qwen3, curves, no_activation_checkpointing
 

@@ -12,7 +12,7 @@ from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from rpg_trl import RPGConfig
 from rpg_trl.async_rpg import AsyncRPGConfig
-from rpg_trl.config import RPGLossArguments
+from rpg_trl.config import OnPolicyKLWarning, RPGLossArguments
 from rpg_trl.reinforce_plus_plus import ReinforcePlusPlusConfig
 
 
@@ -228,7 +228,7 @@ def test_trl_uncorrected_kl_switch_is_rpg_kl_importance_weight():
 
 def test_a_kl_to_the_sampling_policy_that_cannot_act_warns():
     # One optimizer step per generation batch: π_θ = π_old at every step, the KL term has no gradient.
-    with pytest.warns(UserWarning, match="the KL does not regularise"):
+    with pytest.warns(OnPolicyKLWarning, match="the KL does not regularise"):
         RPGConfig(**COMMON, steps_per_generation=2, gradient_accumulation_steps=2)
     for overrides in (
         dict(steps_per_generation=2, gradient_accumulation_steps=1),  # two optimizer steps per generation batch

@@ -210,7 +210,7 @@ def _fake_trainer(num_processes, process_index, max_rounds, first_round, dataset
         accelerator=_FakeAccelerator(num_processes, process_index, first_round),
         _metrics={"train": defaultdict(list)},
         prompt_stream=None,
-        _tokenizer=SimpleNamespace(pad_token_id=0),
+        processing_class=SimpleNamespace(pad_token_id=0),
         train_dataset=Dataset.from_dict({"prompt": [f"p{i}" for i in range(dataset_size)]}),
         _remove_unused_columns=lambda dataset, description: dataset,
         data_collator=lambda rows: rows,

@@ -19,6 +19,7 @@ EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 from rpg_trl import RPGConfig  # noqa: E402
+from rpg_trl.tools.toy import no_activation_checkpointing  # noqa: E402
 
 import eval_math  # noqa: E402
 import rpg_math  # noqa: E402
@@ -75,7 +76,7 @@ def _train_args(assets, output_dir, *extra):
         "none",
         "--save_strategy",
         "no",
-        "--gradient_checkpointing",
+        f"--{next(iter(no_activation_checkpointing()))}",  # activation_checkpointing where it exists
         "false",
         "--disable_tqdm",
         "true",

@@ -56,7 +56,7 @@ def grad_of(lp, old, ref, adv, mask, **kwargs):
         **kwargs,
     )
     loss.backward()
-    return loss, logps.grad.double().numpy(), metrics
+    return loss.detach(), logps.grad.double().numpy(), metrics
 
 
 @pytest.mark.parametrize("with_ref", [False, True], ids=["ref=old", "separate-ref"])

@@ -180,3 +180,11 @@ def test_the_async_keys_are_the_ones_of_trls_packed_stream():
     declared = set(re.findall(r'"(\w+)"', source))
     table = {e.name for e in PRIVATE_SURFACE if e.kind == "batch key" and e.owner.startswith(ASYNC_GRPO)}
     assert "tree_kv_index" in table and table <= declared
+
+
+def test_the_table_is_for_the_pinned_trl():
+    """`TRL_VERSION` is the release pinned in setup.cfg: a bump of the pin comes with a revision of the table."""
+    from rpg_trl.trl_surface import TRL_VERSION
+
+    setup = (PACKAGE.parent / "setup.cfg").read_text()
+    assert re.search(r"^\s*trl==(\S+)\s*$", setup, re.M).group(1) == TRL_VERSION

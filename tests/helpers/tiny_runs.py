@@ -7,6 +7,8 @@ import string
 import torch
 from datasets import Dataset
 
+from rpg_trl.tools.toy import no_activation_checkpointing
+
 
 #: 100 "a+b=" prompts, all covered by the character tokenizer of `rpg_trl.tools.toy`.
 PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
@@ -62,7 +64,7 @@ def tiny_run_args(output_dir, **overrides) -> dict:
         num_generations=4,
         max_completion_length=8,
         max_steps=2,
-        gradient_checkpointing=False,
+        **no_activation_checkpointing(),
         learning_rate=1e-2,
     )
     return quiet_cpu_args(output_dir, **{**defaults, **overrides})

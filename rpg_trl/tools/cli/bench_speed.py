@@ -58,6 +58,7 @@ def _worker(opts) -> dict:
     from rpg_trl import RPGConfig, RPGTrainer
     from rpg_trl.tools.toy.models import build_char_tokenizer, save_tiny_model
     from rpg_trl.tools.toy.rollouts import make_fixed_rollout
+    from rpg_trl.tools.toy.training import activation_checkpointing
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
@@ -98,7 +99,7 @@ def _worker(opts) -> dict:
         disable_tqdm=True,
         use_cpu=not use_cuda,
         bf16=use_cuda,
-        gradient_checkpointing=opts.gradient_checkpointing,
+        **activation_checkpointing(opts.gradient_checkpointing),
         seed=0,
         **overrides,
     )

@@ -41,18 +41,23 @@ def cpu_session(num_threads: int):
 
 
 @functools.cache
-def no_activation_checkpointing() -> dict:
+def activation_checkpointing(enabled: bool) -> dict:
     """
-    The training argument that turns activation checkpointing off, in the spelling of the installed transformers:
-    `activation_checkpointing` from the release that introduced it (`gradient_checkpointing` is its deprecated alias
-    there), `gradient_checkpointing` before (e.g. 5.17, the newest that vLLM 0.31 accepts).
+    The training argument that turns activation checkpointing on or off, in the spelling of the installed
+    transformers: `activation_checkpointing` from the release that introduced it (`gradient_checkpointing` is its
+    deprecated alias there), `gradient_checkpointing` before (e.g. 5.17, the newest that vLLM 0.31 accepts).
     """
     import dataclasses
 
     from transformers import TrainingArguments
 
     names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": False}
+    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": enabled}
+
+
+def no_activation_checkpointing() -> dict:
+    """[`activation_checkpointing`] off: the setting of every CPU run of the demo, the benchmarks and the tests."""
+    return activation_checkpointing(False)
 
 
 #: Settings shared by every trainer of the demo and of the benchmarks on the addition task: CPU, fp32, no checkpoints or

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .optima import (
+    MODEL_KWARGS,
     OPTIMA,
     OPTIMUM_OF_DIVERGENCE,
     REGIMES,
@@ -98,15 +99,6 @@ VARIANTS = _variants()
 #: 'b', 'c' (8 tokens), and every token is a possible one-token completion.
 ALPHABET = "abc"
 PROMPT = "A:"
-#: A one-layer Qwen3 (about 6k parameters): the policy is its next-token distribution after the prompt.
-MODEL_KWARGS = {
-    "hidden_size": 32,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "intermediate_size": 64,
-    "max_position_embeddings": 8,
-}
 #: Adam steps (lr 1e-2, cross-entropy) fitting the initial model to the target reference distribution.
 REFERENCE_FIT_STEPS = 300
 #: Prompts in the training dataset (all identical; TRL cycles through it).

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .optima import (
+    MODEL_KWARGS,
     OPTIMA,
     OPTIMUM_OF_DIVERGENCE,
     effective_reward_scale,
@@ -55,15 +56,6 @@ REWARDS = {"ab": 1.0, "bb": 0.5}
 #: The reference's target conditionals: ``</s>``, ``a`` and ``b`` (the other tokens get e^-4 of their weight), with ``a``
 #: rare as the first token and ``b`` rare after ``a``.
 RARE = 0.1
-#: The tiny Qwen3 of the task (a little larger than the one-token task's: it must fit a conditional per prefix).
-MODEL_KWARGS = {
-    "hidden_size": 32,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "intermediate_size": 64,
-    "max_position_embeddings": 8,
-}
 REFERENCE_FIT_STEPS = 400
 DATASET_SIZE = 1024
 #: Adam steps of the exact fixed-point iteration, and its learning rate.

@@ -112,6 +112,18 @@ def total_variation(p, q) -> float:
     return 0.5 * sum(abs(float(a) - float(b)) for a, b in zip(p, q))
 
 
+#: The tiny Qwen3 of both tasks, one layer (about 6k parameters): the policy is its next-token distribution after the
+#: prompt (one token), or one such distribution per prefix (whole completions).
+MODEL_KWARGS = {
+    "hidden_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "intermediate_size": 64,
+    "max_position_embeddings": 8,
+}
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Runs
 # ----------------------------------------------------------------------------------------------------------------------

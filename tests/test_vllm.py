@@ -554,6 +554,16 @@ def assert_vllm_agreed(history, generation_steps):
                 assert abs(entry[key] - 1.0) <= 2 * LOGP_TOL, (key, entry)
 
 
+def policy_moved(initial_dir, updated_dir):
+    """How far the log-probs of one prompt + answer moved between two saved policies (max over tokens)."""
+    initial = AutoModelForCausalLM.from_pretrained(initial_dir, dtype=torch.float32)
+    updated = AutoModelForCausalLM.from_pretrained(updated_dir, dtype=torch.float32)
+    tokens = printable_tokenizer()("What is 3+2? Answer: 5")["input_ids"]
+    with torch.no_grad():
+        gap = sequence_logps(initial, tokens[:12], tokens[12:]) - sequence_logps(updated, tokens[:12], tokens[12:])
+    return gap.abs().max().item()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the test extra)")
 def test_rpg_math_recipe_topology_zero2_colocated_vllm_two_processes_and_resume(vllm_model, tmp_path):
     """The paper's recipe topology, scaled down: `accelerate launch --config_file accelerate_configs/deepspeed_zero2.yaml`
@@ -639,3 +649,46 @@ def test_rpg_math_zero3_two_processes_with_a_vllm_server_and_kl_triggered_refere
     assert sorted(reference) == sorted(policy)
     assert all(torch.equal(reference[name], policy[name]) for name in policy)
     assert any(not torch.equal(policy[name], initial[name]) for name in initial)
+
+
+def test_rpg_math_fsdp2_two_processes_with_a_vllm_server_and_resume(vllm_server, vllm_model, tmp_path):
+    """The scaled-down recipe under `accelerate_configs/fsdp2.yaml` with 2 CPU processes against one `trl vllm-serve`
+    (TRL gathers each FSDP2 shard with `full_tensor()` for every sync): FSDP2 sharded the policy on both processes and
+    wrote its own checkpoint layout; the weights moved between the two generations and the server's log-probs equal the
+    trainer's at both; resumed from checkpoint-2 in a fresh launch, the server gets checkpoint-2's weights and agrees
+    again."""
+    from test_launch_configs import Run, _processes, _sharded
+
+    train = math_problems(tmp_path / "train.jsonl")
+    args = [*RECIPE_SCALED_DOWN, "--vllm_mode", "server", "--vllm_server_base_url", vllm_server.url]
+    run, output = launch_rpg_math(tmp_path, "run", vllm_model, train, args, "fsdp2.yaml", 2)
+    assert "with 2 process(es)" in output
+    assert "Traceback" not in output, output[-4000:]
+    # FSDP2 ran on both processes (not accelerate's silent fallback to DDP on CPU): every parameter a DTensor sharded
+    # on dim 0, half of the model on each process, and accelerate's FSDP checkpoint files.
+    reports = _processes(Run(run, output), "FSDP")
+    full_numel = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(vllm_model).parameters())
+    for report in reports:
+        layout = report["policy"]
+        assert layout["dtensors"] == layout["parameters"] > 0 and layout["placements"] == ["(Shard(dim=0),)"], layout
+    _sharded(reports, "policy", full_numel)
+    for step in (2, 4):
+        names = {p.name for p in (run / f"checkpoint-{step}").iterdir()}
+        assert {"pytorch_model_fsdp.bin", "optimizer.bin"} <= names and "optimizer.pt" not in names, names
+    history = rpg_math_history(run)
+    assert [entry["step"] for entry in history] == [1, 2, 3, 4]
+    assert all(math.isfinite(entry["loss"]) for entry in history)
+    assert_vllm_agreed(history, [1, 3])
+    # Between the two generations the policy moved far beyond the 1e-4 agreement: a missed sync would have shown.
+    assert policy_moved(vllm_model, run / "checkpoint-2") > 1e-2
+
+    resumed, output = launch_rpg_math(
+        tmp_path, "resumed", vllm_model, train, [*args, "--resume_from_checkpoint", str(run / "checkpoint-2")],
+        "fsdp2.yaml", 2,
+    )  # fmt: skip
+    assert "Traceback" not in output, output[-4000:]
+    assert output.count("{'loss'") == 2  # steps 3 and 4 only
+    _processes(Run(resumed, output), "FSDP")
+    history = rpg_math_history(resumed)
+    assert [entry["step"] for entry in history] == [1, 2, 3, 4]
+    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3])

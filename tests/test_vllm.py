@@ -564,6 +564,17 @@ def policy_moved(initial_dir, updated_dir):
     return gap.abs().max().item()
 
 
+def merged_lora(base_dir, adapter_dir):
+    """The base model with the LoRA adapter of `adapter_dir` merged, saved next to it (for `policy_moved`)."""
+    from peft import PeftModel
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    folder = Path(adapter_dir).with_name(Path(adapter_dir).name + "-merged")
+    merged.save_pretrained(folder)
+    return folder
+
+
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the test extra)")
 def test_rpg_math_recipe_topology_zero2_colocated_vllm_two_processes_and_resume(vllm_model, tmp_path):
     """The paper's recipe topology, scaled down: `accelerate launch --config_file accelerate_configs/deepspeed_zero2.yaml`
@@ -692,3 +703,69 @@ def test_rpg_math_fsdp2_two_processes_with_a_vllm_server_and_resume(vllm_server,
     history = rpg_math_history(resumed)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
     assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the test extra)")
+def test_rpg_math_lora_two_processes_with_a_vllm_server_and_resume_equals_the_uninterrupted_run(
+    vllm_server, vllm_model, tmp_path
+):
+    """`recipes/lora_qwen3_1.7b.yaml` scaled down (LoRA on all linear layers) under `accelerate_configs/deepspeed_zero2.yaml`
+    with 2 CPU processes against one `trl vllm-serve`: TRL merges the adapter into the base weights for each sync
+    and unmerges it after. ZeRO-2 ran on both processes and only the adapter was trained and saved; the adapter moved the
+    policy between the two generations and the server's log-probs equal the trainer's at both. With a fixed sampling
+    seed per request (`generation_kwargs={"seed": 0}`: vLLM then samples the same tokens for the same weights and
+    prompts), a resume from checkpoint-2 in a fresh launch trains steps 3-4 as the uninterrupted run did: the same
+    losses and the same final adapter. (Without a per-request seed the server draws from one random stream shared by
+    every request since it started, so a resumed run samples other completions.)"""
+    from test_launch_configs import Run, _processes, _zero_checkpoint, assert_close, assert_same_weights
+
+    train = math_problems(tmp_path / "train.jsonl")
+    # recipes/lora_qwen3_1.7b.yaml (LoRA on all linear layers, lora_dropout 0) scaled down like the full-weight recipe,
+    # rank 4. With TRL's default lora_dropout (0.05) the trainer's log-probs carry dropout noise once the adapter is
+    # non-zero, and differ from vLLM's (measured: 0.058 at step 3; docs/scaling.md).
+    recipe = [*RECIPE_SCALED_DOWN[2:], "--config", str(ROOT / "recipes" / "lora_qwen3_1.7b.yaml")]
+    recipe += ["--lora_r", "4", "--lora_alpha", "8"]
+    args = [*recipe, "--vllm_mode", "server", "--vllm_server_base_url", vllm_server.url]
+    args += ["--generation_kwargs", json.dumps({"seed": 0})]
+    run, output = launch_rpg_math(tmp_path, "run", vllm_model, train, args, "deepspeed_zero2.yaml", 2)
+    assert "with 2 process(es)" in output
+    assert "Traceback" not in output, output[-4000:]
+    for report in _processes(Run(run, output), "DEEPSPEED"):
+        assert report["wrapper"] == "DeepSpeedEngine" and report["policy"]["zero3_partitioned"] == 0, report
+    # Only the adapter was trained and saved: LoRA A/B matrices of every linear layer, no full model; ZeRO-2's
+    # optimizer partitions hold the adapter's parameters (half on each process), not the model's.
+    for step in (2, 4):
+        checkpoint = run / f"checkpoint-{step}"
+        names = {p.name for p in checkpoint.iterdir()}
+        assert {"adapter_model.safetensors", "adapter_config.json"} <= names, names
+        assert "model.safetensors" not in names, names
+        adapter = load_file(checkpoint / "adapter_model.safetensors")
+        assert adapter and all(".lora_A." in n or ".lora_B." in n for n in adapter), sorted(adapter)[:4]
+        assert any(".mlp.down_proj.lora_B." in n for n in adapter) and any(".o_proj.lora_B." in n for n in adapter)
+    adapter_numel = sum(t.numel() for t in load_file(run / "checkpoint-4" / "adapter_model.safetensors").values())
+    _zero_checkpoint(Run(run, output), 2, trainable_numel=adapter_numel)
+    history = rpg_math_history(run)
+    assert [entry["step"] for entry in history] == [1, 2, 3, 4]
+    assert all(math.isfinite(entry["loss"]) for entry in history)
+    assert_vllm_agreed(history, [1, 3])
+    # The merged adapter of step 2 moves the log-probs far beyond the 1e-4 agreement: a missed sync would have shown.
+    assert policy_moved(vllm_model, merged_lora(vllm_model, run / "checkpoint-2")) > 1e-2
+
+    resumed, output = launch_rpg_math(
+        tmp_path, "resumed", vllm_model, train, [*args, "--resume_from_checkpoint", str(run / "checkpoint-2")],
+        "deepspeed_zero2.yaml", 2,
+    )  # fmt: skip
+    assert "Traceback" not in output, output[-4000:]
+    assert output.count("{'loss'") == 2  # steps 3 and 4 only
+    _processes(Run(resumed, output), "DEEPSPEED")
+    resumed_history = rpg_math_history(resumed)
+    assert [entry["step"] for entry in resumed_history] == [1, 2, 3, 4]
+    assert_vllm_agreed([entry for entry in resumed_history if entry["step"] > 2], [3])
+    # Steps 3-4 and the final adapter equal the uninterrupted run's (64 float32 ε, norm-relative, as
+    # tests/test_launch_configs.py compares runs).
+    for key in ("loss", "kl", "grad_norm"):
+        assert_close([e[key] for e in resumed_history[2:]], [e[key] for e in history[2:]], key)
+    for key in ("reward", "completions/mean_length", "sampling/sampling_logp_difference/mean"):  # step 3 sampled
+        assert_close([resumed_history[2][key]], [history[2][key]], key)
+    path = "checkpoint-4/adapter_model.safetensors"
+    assert_same_weights(load_file(resumed / path), load_file(run / path), path)

@@ -28,8 +28,10 @@ MAX_COMPLETION_LENGTH = 6
 
 
 def digit_reward(completions, **kwargs):
-    """Fraction of digits in the completion: cheap, and it varies within a group of an untrained model."""
-    return [sum(c.isdigit() for c in text) / MAX_COMPLETION_LENGTH for text in completions]
+    """Fraction of digits in the completion: cheap, and it varies within a group of an untrained model. A completion is
+    a string, or (conversational prompts, as TRL's vLLM rollout worker scores them) a list of messages."""
+    texts = [c if isinstance(c, str) else "".join(m["content"] for m in c) for c in completions]
+    return [sum(c.isdigit() for c in text) / MAX_COMPLETION_LENGTH for text in texts]
 
 
 def async_args(output_dir, **overrides) -> dict:

@@ -946,3 +946,56 @@ def test_async_rpg_with_trl_rollout_worker_and_a_vllm_server(vllm_server, vllm_m
     print(f"async: {len(kept)} samples trained, {dropped} dropped stale; versions that sampled them {sorted(used)}")
     print(f"async: probe gaps after each push {[gap for _, gap, _ in transfer.probes]}; moved {moved}")
     print([(e["step"], e["staleness/mean"], e["staleness/max"], e["sample/staleness_max"]) for e in history])
+
+
+
+class KillServerAfterStep(TrainerCallback):
+    """Kills the server at the end of optimizer step `step` (after that step's weight sync), and notes the time."""
+
+    def __init__(self, server, step):
+        self.server, self.step, self.killed_at = server, step, None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            self.server.kill()
+            self.killed_at = time.monotonic()
+
+
+def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_model, tmp_path):
+    """The server dies after step 2 of `AsyncRPGTrainer` with TRL's rollout worker: the trainer goes on with the samples
+    already queued and stops at the next weight sync (after step 3) with a `VLLMServerError` naming the server's URL,
+    within 30 s of the kill; TRL's rollout worker process is stopped. (TRL alone raises a bare `requests`
+    `ConnectionError` from `/pause` on the main process, while other processes would wait in a barrier.)"""
+    from helpers.async_harness import async_args, digit_reward
+    from helpers.vllm_async_transfer import FileWeightTransfer
+    from trl.chat_template_utils import qwen3_chat_template
+
+    from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
+    from rpg_trl.cpu_rollouts import cpu_backend
+
+    args = AsyncRPGConfig(
+        **async_args(
+            tmp_path / "async", vllm_server_base_url=vllm_server.url, max_completion_length=8, max_steps=6,
+            request_timeout=30, max_inflight_tasks=8, queue_maxsize=32,
+        )
+    )  # fmt: skip
+    tokenizer = printable_tokenizer()
+    tokenizer.chat_template = qwen3_chat_template
+    killer, dead_url = KillServerAfterStep(vllm_server, 2), vllm_server.url
+    try:
+        with cpu_backend():
+            trainer = AsyncRPGTrainer(
+                vllm_model, reward_funcs=digit_reward, args=args, train_dataset=async_prompts(),
+                processing_class=tokenizer, weight_transfer=FileWeightTransfer(vllm_server.url),
+            )  # fmt: skip
+            trainer.add_callback(killer)
+            with pytest.raises(VLLMServerError, match=dead_url.replace(".", r"\.")) as error:
+                trainer.train()
+            elapsed = time.monotonic() - killer.killed_at
+    finally:
+        vllm_server.start()  # the session's server again (other port), whatever happened
+    print(f"async kill: {type(error.value).__name__} {elapsed:.1f} s after the kill: {error.value}")
+    assert elapsed < 30.0, elapsed
+    assert trainer.state.global_step == 3
+    assert "stopped answering" in str(error.value) and "resume_from_checkpoint" in str(error.value)
+    assert trainer.rollout_worker._process is None  # TRL's rollout worker was stopped

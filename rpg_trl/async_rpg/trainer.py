@@ -15,6 +15,7 @@ from trl.trainer.utils import add_fused_lm_head, create_model_from_path, nanmax,
 from ..losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
 from ..reliability.checkpoints import CommittedCheckpointsMixin
 from ..reliability.importance_weights import ImportanceWeightMonitorMixin
+from ..reliability.vllm_server import server_errors_named
 from ..trainer import RPGTrainer
 from .config import AsyncRPGConfig
 
@@ -99,10 +100,22 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, A
         self.loss_spec = args.rpg_loss_spec()
         self._tag_names = [*type(self)._tag_names, self.loss_spec.paper_name.lower()]
         super().__init__(model, reward_funcs, args=args, **kwargs)
+        #: The vLLM server that TRL's rollout worker samples from or TRL's weight transfer pushes to (None when both are
+        #: injected, e.g. `rpg_trl.cpu_rollouts`): a weight sync probes it first and names it when it stops answering.
+        uses_server = kwargs.get("rollout_worker") is None or kwargs.get("weight_transfer") is None
+        self._vllm_server_url = args.vllm_server_base_url if uses_server else None
         #: Frozen KL anchor with `kl_anchor="reference"` (None with PEFT: the base model, adapter disabled).
         self.ref_model = None
         if args.kl_anchor == "reference" and not is_peft_model(self.accelerator.unwrap_model(self.model)):
             self.ref_model = self._create_reference_model(model)
+
+    def _sync_weight(self):
+        # A dead server raises `VLLMServerError` with its URL on every process at once (TRL: a bare `requests` error on
+        # the main process while the others wait in a barrier).
+        if self._vllm_server_url is None:
+            return super()._sync_weight()
+        with server_errors_named(self, self._vllm_server_url):
+            return super()._sync_weight()
 
     def _create_reference_model(self, model_id: str):
         """A frozen copy of the initial policy, loaded as the parent loads the policy (tree attention, fused head)."""

@@ -130,21 +130,22 @@ def _unreachable_message(trainer, url, exc) -> str:
 
 
 @contextlib.contextmanager
-def server_errors_named(trainer):
+def server_errors_named(trainer, url: str | None = None):
     """
     Around one generation (weight sync included) of a server-mode run: a health probe of the server first (at most
     [`HEALTH_TIMEOUT`] seconds; the result shared by every process, which all raise together), and any error of the
     server's requests during the generation re-raised as [`VLLMServerError`] naming the server's URL. TRL's client
     retries a refused connection about a minute before it gives up, which bounds the time to the error when the server
-    dies in the middle of a request.
+    dies in the middle of a request. `url`: the server of a trainer that is not in TRL's server mode (the asynchronous
+    trainer's weight sync); by default the server-mode run's, and nothing is done outside server mode.
     """
-    if not uses_vllm_server(trainer):
+    if url is None and not uses_vllm_server(trainer):
         yield
         return
     import requests
     from accelerate.utils import broadcast_object_list
 
-    url = _server_url(trainer)
+    url = url or _server_url(trainer)
     message = None
     if trainer.accelerator.is_main_process:
         try:

@@ -871,12 +871,13 @@ def test_async_rpg_with_trl_rollout_worker_and_a_vllm_server(vllm_server, vllm_m
     1e-4), never older than the sample's label nor newer than the trainer when it took the sample; every sample trained
     on lags the trainer by at most `max_staleness` versions when taken (TRL drops the others); and after the last push
     the server samples with the final weights."""
-    from helpers.async_harness import async_args, digit_reward
-    from helpers.vllm_async_transfer import FileWeightTransfer
     from trl.chat_template_utils import qwen3_chat_template
 
     from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
     from rpg_trl.cpu_rollouts import cpu_backend
+
+    from helpers.async_harness import async_args, digit_reward
+    from helpers.vllm_async_transfer import FileWeightTransfer
 
     max_staleness, steps = 2, 4
     args = AsyncRPGConfig(
@@ -934,7 +935,10 @@ def test_async_rpg_with_trl_rollout_worker_and_a_vllm_server(vllm_server, vllm_m
         found = sampler_versions(sample, models)
         assert found is not None, (sample.model_version, version, sample.old_log_probs)
         token_versions, direct = found
-        assert sample.model_version <= min(token_versions) and max(token_versions) <= version, (token_versions, version)
+        assert sample.model_version <= min(token_versions) and max(token_versions) <= version, (
+            token_versions,
+            version,
+        )
         used.update(token_versions)
         moved = max(moved, (direct[sample.model_version] - direct[max(direct)]).abs().max().item())
     # After every push the server samples with the weights just pushed, and they moved away from the initial ones by
@@ -946,7 +950,6 @@ def test_async_rpg_with_trl_rollout_worker_and_a_vllm_server(vllm_server, vllm_m
     print(f"async: {len(kept)} samples trained, {dropped} dropped stale; versions that sampled them {sorted(used)}")
     print(f"async: probe gaps after each push {[gap for _, gap, _ in transfer.probes]}; moved {moved}")
     print([(e["step"], e["staleness/mean"], e["staleness/max"], e["sample/staleness_max"]) for e in history])
-
 
 
 class KillServerAfterStep(TrainerCallback):
@@ -966,12 +969,13 @@ def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_mo
     already queued and stops at the next weight sync (after step 3) with a `VLLMServerError` naming the server's URL,
     within 30 s of the kill; TRL's rollout worker process is stopped. (TRL alone raises a bare `requests`
     `ConnectionError` from `/pause` on the main process, while other processes would wait in a barrier.)"""
-    from helpers.async_harness import async_args, digit_reward
-    from helpers.vllm_async_transfer import FileWeightTransfer
     from trl.chat_template_utils import qwen3_chat_template
 
     from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
     from rpg_trl.cpu_rollouts import cpu_backend
+
+    from helpers.async_harness import async_args, digit_reward
+    from helpers.vllm_async_transfer import FileWeightTransfer
 
     args = AsyncRPGConfig(
         **async_args(

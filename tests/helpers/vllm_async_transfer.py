@@ -1,4 +1,4 @@
-# CPU-build gap bridged: TRL's async `WeightTransferClient` streams over an NCCL group (CUDA only); this sends the same tensors through a safetensors file and `/collective_rpc`.
+# Gap bridged: TRL async weight sync needs NCCL (CUDA only); tensors go through a file and /collective_rpc instead.
 """A `WeightTransferProtocol` for `AsyncGRPOTrainer` / `AsyncRPGTrainer` against a real `trl vllm-serve` on vLLM's CPU
 build: TRL's own `/pause`, `/start_weight_update`, `/finish_weight_update` and `/resume` (through TRL's async
 `VLLMClient`), and in place of the NCCL broadcast one safetensors file loaded by [`helpers.vllm_cpu.CPUWeightReceiver`]

@@ -153,6 +153,10 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
 *_keys(f"{GRPO}._compute_loss", (_TRAINER_PY,), _MULTIMODAL, "Passed on to the model as GRPOTrainer does."),
     # ---- AsyncGRPOTrainer: the packed stream, its loss and its step accounting
     PrivateName(ASYNC_GRPO, "_metrics", "state", (_ASYNC,), note="mode -> metric -> list of values."),
+    *_methods(ASYNC_GRPO, "override", (_ASYNC,), "A weight sync probes the vLLM server and names it when it is dead.",
+              _sync_weight=()),
+    PrivateName(ASYNC_GRPO, "__init__", "behaviour", (_ASYNC,), ("StepIntervalCallback(self._sync_weight",),
+                "Every weight sync after the cold one goes through self._sync_weight (the override above)."),
     *[PrivateName(ASYNC_GRPO, name, "state", (_ASYNC,),
                   note="Per-step accounting flushed by AsyncGRPOTrainer._log_step_metrics (throughput, MFU).")
       for name in ("_last_forward_time_s", "_step_forward_s", "_step_forward_tokens", "_step_samples",

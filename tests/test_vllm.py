@@ -874,7 +874,7 @@ def test_async_rpg_with_trl_rollout_worker_and_a_vllm_server(vllm_server, vllm_m
     from trl.chat_template_utils import qwen3_chat_template
 
     from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
-    from rpg_trl.cpu_rollouts import cpu_backend
+    from rpg_trl.tools.cpu_rollouts import cpu_backend
 
     from helpers.async_harness import async_args, digit_reward
     from helpers.vllm_async_transfer import FileWeightTransfer
@@ -972,7 +972,7 @@ def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_mo
     from trl.chat_template_utils import qwen3_chat_template
 
     from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
-    from rpg_trl.cpu_rollouts import cpu_backend
+    from rpg_trl.tools.cpu_rollouts import cpu_backend
 
     from helpers.async_harness import async_args, digit_reward
     from helpers.vllm_async_transfer import FileWeightTransfer

@@ -723,6 +723,7 @@ def test_rpg_math_lora_two_processes_with_a_vllm_server_and_resume_equals_the_un
     # recipes/lora_qwen3_1.7b.yaml (LoRA on all linear layers, lora_dropout 0) scaled down like the full-weight recipe,
     # rank 4. With TRL's default lora_dropout (0.05) the trainer's log-probs carry dropout noise once the adapter is
     # non-zero, and differ from vLLM's (measured: 0.058 at step 3; docs/scaling.md).
+    assert RECIPE_SCALED_DOWN[0] == "--config"  # replaced by the LoRA recipe
     recipe = [*RECIPE_SCALED_DOWN[2:], "--config", str(ROOT / "recipes" / "lora_qwen3_1.7b.yaml")]
     recipe += ["--lora_r", "4", "--lora_alpha", "8"]
     args = [*recipe, "--vllm_mode", "server", "--vllm_server_base_url", vllm_server.url]

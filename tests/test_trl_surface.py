@@ -115,7 +115,8 @@ def test_the_table_lists_every_private_trl_name_the_library_touches():
 
 def test_each_entry_names_the_modules_that_use_it():
     for entry in PRIVATE_SURFACE:
-        name = "beta" if entry.kind == "behaviour" else entry.name
+        # A behaviour of TRL's __init__ is relied on by a trainer that builds its parent in its own __init__.
+        name = "def __init__" if entry.kind == "behaviour" else entry.name
         for module in entry.used_in:
             path = PACKAGE / module
             files = sorted(path.rglob("*.py")) if path.is_dir() else [path]

@@ -766,7 +766,9 @@ def test_rpg_math_lora_two_processes_with_a_vllm_server_and_resume_equals_the_un
     # tests/test_launch_configs.py compares runs).
     for key in ("loss", "kl", "grad_norm"):
         assert_close([e[key] for e in resumed_history[2:]], [e[key] for e in history[2:]], key)
-    for key in ("reward", "completions/mean_length", "sampling/sampling_logp_difference/mean"):  # step 3 sampled
+    # Step 3 sampled the same completions (vLLM's own log-prob noise, ~1e-7 and not reproducible to the last bit across
+    # runs, is checked against LOGP_TOL above, not for equality).
+    for key in ("reward", "completions/mean_length"):
         assert_close([resumed_history[2][key]], [history[2][key]], key)
     path = "checkpoint-4/adapter_model.safetensors"
     assert_same_weights(load_file(resumed / path), load_file(run / path), path)

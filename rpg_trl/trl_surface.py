@@ -153,6 +153,10 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
     *_keys(f"{GRPO}._compute_loss", (_TRAINER_PY,), _MULTIMODAL, "Passed on to the model as GRPOTrainer does."),
     # ---- AsyncGRPOTrainer: the packed stream, its loss and its step accounting
     PrivateName(ASYNC_GRPO, "_metrics", "state", (_ASYNC,), note="mode -> metric -> list of values."),
+    PrivateName(ASYNC_GRPO, "_rollout_dataset", "state", (_ASYNC,),
+                note="The rollout queue's dataset (main process): its health check also probes the vLLM server."),
+    PrivateName("trl.experimental.async_grpo.async_grpo_trainer.RolloutQueueDataset", "check_health_fn", "state",
+                (_ASYNC,), note="The health check it calls while the trainer waits on an empty queue."),
     *_methods(ASYNC_GRPO, "override", (_ASYNC,), "A weight sync probes the vLLM server and names it when it is dead.",
               _sync_weight=()),
     PrivateName(ASYNC_GRPO, "__init__", "behaviour", (_ASYNC,), ("StepIntervalCallback(self._sync_weight",),

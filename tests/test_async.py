@@ -4,6 +4,7 @@ policy lag of two versions with a resume from a checkpoint (local rollout worker
 
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -359,3 +360,47 @@ def test_bench_async_refuses_bad_arguments():
         BenchAsyncArguments(lags=[0])
     with pytest.raises(ValueError, match="Unknown method"):
         BenchAsyncArguments(methods=["PPO"])
+
+
+def test_waiting_on_an_empty_rollout_queue_names_a_dead_vllm_server(tmp_path):
+    """While the trainer waits on an empty rollout queue, TRL polls the rollout worker's health; AsyncRPGTrainer adds a
+    probe of the vLLM server there, so a dead server is named at once (TRL's worker would retry its requests first).
+    Checked on the health check itself: the worker's check runs first, then the probe of a port nobody listens on."""
+    import http.server
+    import threading
+    from types import SimpleNamespace
+
+    from rpg_trl.async_rpg.trainer import _WithServerProbe
+    from rpg_trl.reliability import VLLMServerError
+
+    from helpers.ports import free_port
+
+    calls = []
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=7), args=SimpleNamespace(output_dir=str(tmp_path)))
+    dead = f"http://127.0.0.1:{free_port()}"
+    check = _WithServerProbe(lambda stale_after_s: calls.append(stale_after_s), trainer, dead)
+    with pytest.raises(VLLMServerError, match=rf"{re.escape(dead)} stopped answering .* at training step 7"):
+        check(300.0)
+    assert calls == [300.0]  # TRL's own check (worker crashed or hung) still runs, first
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        _WithServerProbe(calls.append, trainer, f"http://127.0.0.1:{server.server_port}")(60.0)  # answers: no error
+    finally:
+        server.shutdown()
+    assert calls == [300.0, 60.0]
+
+    def crashed(stale_after_s):
+        raise RuntimeError("Rollout worker child has failed")
+
+    with pytest.raises(RuntimeError, match="child has failed"):  # the worker's failure is not hidden by the probe
+        _WithServerProbe(crashed, trainer, dead)(300.0)

@@ -969,8 +969,9 @@ class KillServerAfterStep(TrainerCallback):
 
 def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_model, tmp_path):
     """The server dies after step 2 of `AsyncRPGTrainer` with TRL's rollout worker: the trainer goes on with the samples
-    already queued and stops at the next weight sync (after step 3) with a `VLLMServerError` naming the server's URL,
-    within 30 s of the kill; TRL's rollout worker process is stopped. (TRL alone raises a bare `requests`
+    already queued and stops with a `VLLMServerError` naming the server's URL, within 30 s of the kill, at the next
+    weight sync (after step 3) or, when the queue runs dry first (a loaded machine), while it waits for samples (the
+    probe added to the worker's health check); TRL's rollout worker process is stopped. (TRL alone raises a bare `requests`
     `ConnectionError` from `/pause` on the main process, while other processes would wait in a barrier.)"""
     from trl.chat_template_utils import qwen3_chat_template
 
@@ -1003,6 +1004,6 @@ def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_mo
         vllm_server.start()  # the session's server again (other port), whatever happened
     print(f"async kill: {type(error.value).__name__} {elapsed:.1f} s after the kill: {error.value}")
     assert elapsed < 30.0, elapsed
-    assert trainer.state.global_step == 3
+    assert trainer.state.global_step in (2, 3), trainer.state.global_step
     assert "stopped answering" in str(error.value) and "resume_from_checkpoint" in str(error.value)
     assert trainer.rollout_worker._process is None  # TRL's rollout worker was stopped

@@ -129,6 +129,17 @@ def _unreachable_message(trainer, url, exc) -> str:
     )
 
 
+def probe_server(trainer, url: str) -> None:
+    """Raise [`VLLMServerError`] naming `url` when the vLLM server there does not answer its health probe within
+    [`HEALTH_TIMEOUT`] seconds (in this process only)."""
+    import requests
+
+    try:
+        requests.get(f"{url}/health", timeout=HEALTH_TIMEOUT).raise_for_status()
+    except requests.RequestException as exc:
+        raise VLLMServerError(_unreachable_message(trainer, url, exc)) from exc
+
+
 @contextlib.contextmanager
 def server_errors_named(trainer, url: str | None = None):
     """
@@ -149,10 +160,9 @@ def server_errors_named(trainer, url: str | None = None):
     message = None
     if trainer.accelerator.is_main_process:
         try:
-            response = requests.get(f"{url}/health", timeout=HEALTH_TIMEOUT)
-            response.raise_for_status()
-        except requests.RequestException as exc:
-            message = _unreachable_message(trainer, url, exc)
+            probe_server(trainer, url)
+        except VLLMServerError as exc:
+            message = str(exc)
     message = _shared(trainer, message, broadcast_object_list)
     if message is not None:
         raise VLLMServerError(message)

@@ -28,6 +28,7 @@ import torch
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model
+from rpg_trl.tools.toy.training import activation_checkpointing
 
 from helpers.tiny_runs import PROMPTS
 
@@ -79,7 +80,7 @@ def gpu_args(tmp_path, **overrides):
         learning_rate=1e-5,
         logging_steps=1,
         bf16=True,
-        gradient_checkpointing=True,
+        **activation_checkpointing(True),
         use_cpu=DRY_RUN,
         report_to="none",
         save_strategy="no",
@@ -170,11 +171,12 @@ TRAIN_SCRIPT = textwrap.dedent("""
     from datasets import Dataset
     from rpg_trl import RPGConfig, RPGTrainer
     from rpg_trl.tools.toy import build_char_tokenizer
+    from rpg_trl.tools.toy.training import activation_checkpointing
 
     model_dir, out_dir, anchor, use_cpu = sys.argv[1:5]
     ds = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
     args = RPGConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=4, max_completion_length=16,
-                     steps_per_generation=2, max_steps=4, learning_rate=1e-5, bf16=True, gradient_checkpointing=True,
+                     steps_per_generation=2, max_steps=4, learning_rate=1e-5, bf16=True, **activation_checkpointing(True),
                      use_cpu=use_cpu == "1", kl_anchor=anchor, beta=1e-3, report_to="none", save_strategy="no",
                      logging_steps=1)
     trainer = RPGTrainer(model_dir, lambda completions, **kw: [c.count("7") / 16 for c in completions], args=args,

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
+from rpg_trl.tools.toy import no_activation_checkpointing
 
 from helpers.ports import free_port
 from helpers.tiny_runs import assert_close_in_norm, save_math_assets
@@ -67,7 +68,8 @@ TRAIN = [
     "--per_device_train_batch_size", "8", "--num_generations", "8", "--max_completion_length", "16",
     "--overlong_buffer", "16", "--divergence", "ufkl", "--estimator", "differentiable", "--beta", "0.1",
     "--optim", "adamw_torch", "--adam_epsilon", "1.0", "--learning_rate", "2.0",
-    "--logging_steps", "1", "--report_to", "none", "--eval_strategy", "no", "--gradient_checkpointing", "false",
+    "--logging_steps", "1", "--report_to", "none", "--eval_strategy", "no",
+    f"--{next(iter(no_activation_checkpointing()))}", "false",  # activation_checkpointing where it exists
     "--disable_tqdm", "true",
     "--use_cpu", "true", "--bf16", "false",  # the CPU overrides of the script's arguments
 ]  # fmt: skip

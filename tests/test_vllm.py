@@ -435,16 +435,23 @@ def test_a_server_with_another_model_is_refused_before_training(vllm_server, tmp
     assert vllm_server.url in str(error.value)
 
 
-class KillServerAfterSave(TrainerCallback):
-    """Kills the server right after the checkpoint of `step` is written, and notes the time."""
+class KillServerAt(TrainerCallback):
+    """Kills the server at optimizer step `step`, right after its checkpoint is written (`event="save"`) or at the end
+    of the step, after its weight sync (`event="step_end"`), and notes the time."""
 
-    def __init__(self, server, step):
-        self.server, self.step, self.killed_at = server, step, None
+    def __init__(self, server, step, event="save"):
+        self.server, self.step, self.event, self.killed_at = server, step, event, None
 
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
+    def _at(self, event, state):
+        if event == self.event and state.global_step == self.step:
             self.server.kill()
             self.killed_at = time.monotonic()
+
+    def on_save(self, args, state, control, **kwargs):
+        self._at("save", state)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self._at("step_end", state)
 
 
 def test_server_killed_mid_run_stops_with_its_url_and_the_run_resumes(vllm_server, vllm_model, tmp_path):
@@ -453,7 +460,7 @@ def test_server_killed_mid_run_stops_with_its_url_and_the_run_resumes(vllm_serve
     overrides = dict(max_steps=4, save_strategy="steps", save_steps=2, kl_anchor="reference", beta=0.1)
     overrides.update(ref_model_sync_kl_threshold=1e-6, dynamic_sampling=True, dynamic_sampling_max_rounds=2)
     trainer = make_vllm_trainer(vllm_model, tmp_path, "server", vllm_server, **overrides)
-    killer = KillServerAfterSave(vllm_server, 2)
+    killer = KillServerAt(vllm_server, 2)
     trainer.add_callback(killer)
     dead_url = vllm_server.url
     try:
@@ -955,18 +962,6 @@ def test_async_rpg_with_trl_rollout_worker_and_a_vllm_server(vllm_server, vllm_m
     print([(e["step"], e["staleness/mean"], e["staleness/max"], e["sample/staleness_max"]) for e in history])
 
 
-class KillServerAfterStep(TrainerCallback):
-    """Kills the server at the end of optimizer step `step` (after that step's weight sync), and notes the time."""
-
-    def __init__(self, server, step):
-        self.server, self.step, self.killed_at = server, step, None
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            self.server.kill()
-            self.killed_at = time.monotonic()
-
-
 def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_model, tmp_path):
     """The server dies after step 2 of `AsyncRPGTrainer` with TRL's rollout worker: the trainer goes on with the samples
     already queued and stops with a `VLLMServerError` naming the server's URL, within 30 s of the kill, at the next
@@ -989,7 +984,7 @@ def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_mo
     )  # fmt: skip
     tokenizer = printable_tokenizer()
     tokenizer.chat_template = qwen3_chat_template
-    killer, dead_url = KillServerAfterStep(vllm_server, 2), vllm_server.url
+    killer, dead_url = KillServerAt(vllm_server, 2, event="step_end"), vllm_server.url
     try:
         with cpu_backend():
             trainer = AsyncRPGTrainer(

@@ -19,7 +19,17 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from .losses import AGGREGATIONS, DIVERGENCES, ESTIMATORS, KL_LEVELS, RPGLossSpec
+from .losses import (
+    AGGREGATIONS,
+    DEFAULT_KL_CLIP_MODE,
+    DIVERGENCES,
+    ESTIMATORS,
+    KL_CLIP_MODES,
+    KL_LEVELS,
+    KLSignWarning,
+    RPGLossSpec,
+    kl_can_flip_sign,
+)
 
 
 KL_ANCHORS = ("sampling", "reference")
@@ -124,6 +134,19 @@ class RPGLossArguments:
             "choices": list(KL_LEVELS),
         },
     )
+    kl_clip_mode: str = field(
+        default=DEFAULT_KL_CLIP_MODE,
+        metadata={
+            "help": "How RPG-Style Clip treats the KL term outside the trust region; the reward term is clipped in every "
+            "mode and inside the trust region every mode is exact. 'exact': the KL weight at the unclipped ratio "
+            "(the authors' code, TRL's use_bias_correction_kl, slime). 'truncated': the importance weight inside the "
+            "KL weight capped at clip_c, the sign kept. 'clipped': the KL weight at clip(w, 1 - epsilon, 1 + "
+            "epsilon_high) (Algorithm 1 literally; rpg_trl 0.1.0), which can push the policy away from a reference "
+            "model. 'stopped': no KL gradient where the reward term is clipped (Sec. G.2, Algorithm 2). Default "
+            f"{DEFAULT_KL_CLIP_MODE!r}, chosen on the KL table of docs/bench_algos.md; docs/design.md compares them.",
+            "choices": list(KL_CLIP_MODES),
+        },
+    )
 
     # Paper defaults that differ from TRL's (Sec. 5, Appendix H).
     beta: float = field(
@@ -168,6 +191,7 @@ class RPGLossArguments:
             clip_c=self.clip_c,
             kl_importance_weight=self.kl_importance_weight,
             kl_level=self.kl_level,
+            kl_clip_mode=self.kl_clip_mode,
         )
 
     def rpg_loss_spec(self) -> RPGLossSpec:
@@ -212,6 +236,15 @@ class RPGLossArguments:
                 f"{reason} needs a reference model, but `kl_anchor='sampling'` anchors the KL to the sampling policy "
                 "(no reference model exists; it moves with every generation already). Set `kl_anchor='reference'` "
                 "(or leave it unset), or remove the option."
+            )
+        if self.kl_anchor == "reference" and kl_can_flip_sign(self.rpg_loss_spec()):
+            warnings.warn(
+                f"kl_clip_mode={self.kl_clip_mode!r} with kl_anchor='reference' takes the KL weight at the clipped "
+                "importance weight; where the reference is not the sampling policy that weight can have the opposite "
+                "sign of the exact one, and the KL then pushes the policy away from the reference on tokens outside the "
+                f"trust region (docs/design.md). Use kl_clip_mode={DEFAULT_KL_CLIP_MODE!r} (the default) or 'truncated'.",
+                KLSignWarning,
+                stacklevel=4,
             )
         if self.kl_anchor == "reference" and self.beta == 0.0:
             chosen = f" (chosen because {reason} asks for a reference)" if reference_requested else ""
@@ -379,6 +412,12 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             `"sequence"`: the exact gradient of the divergence between whole completions, with prefix ratios
             π_θ(y≤t)/π_old(y≤t) (clipped to the trust region with `rpg_clip`); exact with `loss_type="luspo"`
             (aggregation `"seq-mean-token-sum"`). See docs/design.md.
+        kl_clip_mode (`str`, *optional*, defaults to `"exact"`):
+            How RPG-Style Clip treats the KL weight outside the trust region (the reward term is clipped in every
+            mode): `"exact"` (the unclipped ratio: the authors' code, TRL, slime), `"truncated"` (the ratio inside the
+            KL weight capped at `clip_c`, its sign kept), `"clipped"` (at clip(w, 1 − ε, 1 + ε_high), Algorithm 1
+            literally, rpg_trl 0.1.0: it can push the policy away from a reference model, and warns so) or `"stopped"`
+            (no KL gradient where the reward term is clipped, Algorithm 2). See docs/design.md.
         aggregation (`str` or `None`, *optional*, defaults to `None`):
             Loss aggregation: `"token-mean"`, `"seq-mean-token-mean"`, `"seq-mean-token-sum"` or
             `"seq-mean-token-sum-norm"`. `None` derives it from `loss_type` and uses TRL's normaliser for it exactly

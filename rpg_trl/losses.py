@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -64,6 +65,17 @@ import torch
 #: Log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp`` (``e^20 ≈ 4.9e8``), so any finite
 #: input gives a finite loss and finite gradients. Prefix products (``kl_level="sequence"``) are clamped the same way.
 LOG_RATIO_CLAMP = 20.0
+
+
+def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """``log_ratio`` clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` in value, with the gradient of the identity
+    (straight-through): the clamp guards ``exp`` against overflow without taking the gradient off the tokens beyond it,
+    so the differentiable estimator gives every token the gradient that the REINFORCE estimator gives it (the weight at
+    the clamped ratio times ``∇log π_θ``)."""
+    clamped = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if not log_ratio.requires_grad:
+        return clamped
+    return log_ratio + (clamped - log_ratio).detach()
 
 
 # ============================================================================================== the KL table
@@ -112,7 +124,7 @@ class KLTerm:
 def _W_before_times_w(p: Prefixes, log_w: torch.Tensor) -> torch.Tensor:
     """``SG(W≤t−1)·w_t``: its derivative w.r.t. ``log π_θ(y_s | y_<s)`` is ``W≤s`` at ``s = t`` and 0 elsewhere; its
     expectation under π_old is 1 (the mass of a normalised policy)."""
-    return torch.exp((p.log_W_before + log_w).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return torch.exp(clamp_log_ratio(p.log_W_before + log_w))
 
 
 def uncorrected_k3(log_w: torch.Tensor, log_r: torch.Tensor) -> torch.Tensor:
@@ -181,6 +193,13 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 #: Where the KL's importance weights are taken: per token (the paper's code and every peer) or over the whole
 #: completion up to each token (the exact gradient of the divergence between whole completions; docs/design.md).
 KL_LEVELS = ("token", "sequence")
+#: The default of `kl_clip_mode` (a key of [`KL_CLIP_MODES`]), chosen on the KL table of docs/bench_algos.md.
+DEFAULT_KL_CLIP_MODE = "exact"
+
+
+class KLSignWarning(UserWarning):
+    """A KL weighting that can push π_θ away from the reference is in use (``kl_clip_mode="clipped"`` with a reference
+    that is not the sampling policy)."""
 
 
 # ============================================================================================== the specification
@@ -219,6 +238,8 @@ class RPGLossSpec:
     #: False: GRPO's uncorrected k3 (the ``k3`` row of the KL table, Sec. 2.2), only with divergence ``"urkl"``
     kl_importance_weight: bool = True
     kl_level: str = "token"  #: the KL's importance weights per token or over whole completions ([`KL_LEVELS`])
+    #: how the clip treats the KL weight outside the trust region: a key of [`KL_CLIP_MODES`]
+    kl_clip_mode: str = DEFAULT_KL_CLIP_MODE
 
     def __post_init__(self):
         self.check()
@@ -264,6 +285,7 @@ class RPGLossSpec:
         _check_choice(n("aggregation"), self.aggregation, AGGREGATIONS)
         _check_choice(n("importance_sampling_level"), self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
         _check_choice(n("kl_level"), self.kl_level, KL_LEVELS)
+        _check_choice(n("kl_clip_mode"), self.kl_clip_mode, tuple(KL_CLIP_MODES))
         _check_finite_number(n("beta"), self.beta, minimum=0.0)
         if not isinstance(self.clip, bool):
             raise ValueError(f"`{n('clip')}` must be a bool; got {self.clip!r}.")
@@ -332,11 +354,11 @@ class RatioTensors:
     def prefixes(self) -> Prefixes:
         """The whole-completion prefix ratios ``W≤t`` and ``R≤t`` of these token ratios (masked tokens count as 1),
         computed once."""
-        log_w = self.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_w = clamp_log_ratio(self.token_log_ratio)
         log_W = log_w.cumsum(-1)
         log_R = torch.broadcast_to(self.token_log_r, log_W.shape).cumsum(-1)
         return Prefixes(
-            log_W=log_W.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
+            log_W=clamp_log_ratio(log_W),
             log_W_before=(log_W - log_w).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
             log_R=log_R.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
         )
@@ -367,7 +389,7 @@ def importance_ratios(
         mask = active.to(dtype)
         lengths = mask.sum(-1, keepdim=True).clamp(min=1.0)
         log_w = torch.where(active, (token_log_ratio * mask).sum(-1, keepdim=True) / lengths, zero)
-        log_w = log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_w = clamp_log_ratio(log_w)
         log_r, r = token_log_r, token_r
         if ref_logps is not None:
             log_r = torch.where(active, (token_log_r * mask).sum(-1, keepdim=True) / lengths, zero)
@@ -376,7 +398,7 @@ def importance_ratios(
         w = torch.exp(log_w)
         token_w = torch.exp(token_log_w)
     else:  # the token-level ratios are the ratios of the loss: computed once
-        log_w = token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_w = clamp_log_ratio(token_log_ratio)
         log_r, r = token_log_r, token_r
         token_log_w = log_w.detach()
         w = torch.exp(log_w)
@@ -447,43 +469,152 @@ def kl_values(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
     between whole completions (``kl_level="sequence"``). GRPO's uncorrected k3 is evaluated at the token ratios."""
     term = spec.kl_term
     if not term.importance_weighted:
-        log_w = ratios.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_w = clamp_log_ratio(ratios.token_log_ratio)
         return term.value(None, None, log_w, ratios.token_log_r)
     if spec.kl_level == "sequence":
-        log_w = ratios.token_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        log_w = clamp_log_ratio(ratios.token_log_ratio)
         return term.sequence_value(ratios.prefixes, log_w, ratios.token_log_r)
     return term.value(ratios.w, ratios.r, ratios.log_w, ratios.log_r)
 
 
-def kl_weights(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
+def _exact_token_weight(term: KLTerm, ratios: RatioTensors, spec: RPGLossSpec, regions: ClipRegions) -> torch.Tensor:
+    """``K(w, r)`` at the unclipped (clamped) ``w``."""
+    return term.weight(ratios.w.detach(), ratios.r, ratios.log_w.detach(), ratios.log_r)
+
+
+def _truncation(w: torch.Tensor, spec: RPGLossSpec) -> torch.Tensor:
+    """``min(1, c/w)``: the factor that turns an importance weight ``w`` into ``min(w, c)``."""
+    return (spec.clip_c / w).clamp(max=1.0)
+
+
+def _truncated_token_weight(term, ratios, spec, regions) -> torch.Tensor:
+    """``min(1, c/w)·K(w, r)``: every row's ``K`` is ``w·h(ρ)`` (``h = −1/ρ``, ``1 − 1/ρ``, ``log ρ + 1``, ``log ρ``
+    for fkl, ufkl, rkl, urkl), and the importance weight ``w`` is truncated at c while ``h(ρ)`` stays exact."""
+    return _exact_token_weight(term, ratios, spec, regions) * _truncation(ratios.w.detach(), spec)
+
+
+def _clipped_token_weight(term, ratios, spec, regions) -> torch.Tensor:
+    """``K(w̄, r)`` with ``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` and ``log w̄`` (Remark F.2, Algorithm 1)."""
+    w_bar = ratios.w.detach().clamp(1.0 - spec.epsilon_low, 1.0 + spec.epsilon_high)
+    return term.weight(w_bar, ratios.r, _clip_log(ratios.log_w, spec), ratios.log_r)
+
+
+def _stopped_token_weight(term, ratios, spec, regions) -> torch.Tensor:
+    """``K(w, r)`` where the reward term keeps its gradient, 0 where RPG-Style Clip removes it (Algorithm 2)."""
+    return _exact_token_weight(term, ratios, spec, regions).masked_fill(regions.any, 0.0)
+
+
+def _sequence_ratios(ratios: RatioTensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The exact (clamped) ``W≤t``, ``R≤t`` and the token ``log ρ_t``, detached."""
+    prefixes = ratios.prefixes
+    log_rho = ratios.token_log_w - ratios.token_log_r
+    return torch.exp(prefixes.log_W.detach()), torch.exp(prefixes.log_R), log_rho
+
+
+def _exact_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
+    """``K_t`` of the whole-completion divergence at the exact prefix ratios (docs/design.md, sequence table)."""
+    return term.sequence_weight(*_sequence_ratios(ratios))
+
+
+def _truncated_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
+    """``K_t`` with every prefix ratio ``W≤t'`` that weighs a term truncated to ``min(W≤t', c)``: each summand of
+    ``K_t`` keeps its exact sign (``W≤t·h_t`` becomes ``min(W≤t, c)·h_t``; as at the token level, ``R≤t = W≤t·(R≤t/W≤t)``
+    is scaled with it)."""
+    W, R, log_rho = _sequence_ratios(ratios)
+    s = _truncation(W, spec)
+    return term.sequence_weight(W * s, R * s, log_rho)
+
+
+def _clipped_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
+    """``K_t`` with the prefixes ``W≤t`` and the ``w_t`` inside ``log ρ_t = log w_t − log r_t`` clipped to the trust
+    region, without the score term ``W≤t`` of ufkl and rkl (zero in expectation only when exact)."""
+    prefixes = ratios.prefixes
+    log_W, log_w = _clip_log(prefixes.log_W, spec), _clip_log(ratios.token_log_w, spec)
+    W = torch.exp(log_W)
+    weight = term.sequence_weight(W, torch.exp(prefixes.log_R), log_w - ratios.token_log_r)
+    if term.sequence_score_term:  # a clipped score term is not zero-mean: drop it
+        weight = weight - W
+    return weight
+
+
+def _stopped_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
+    """The exact ``K_t`` where the reward term keeps its gradient, 0 where RPG-Style Clip removes it."""
+    return _exact_sequence_weight(term, ratios, spec, regions).masked_fill(regions.any, 0.0)
+
+
+@dataclass(frozen=True)
+class KLClipMode:
+    """One reading of what RPG-Style Clip does to the KL term outside the trust region (``kl_clip_mode``).
+
+    The paper's text, pseudo-code and code disagree here (docs/design.md, "The KL term outside the trust region"). Inside
+    the trust region every mode gives the exact weight ``K``. ``token_weight`` and ``sequence_weight`` take
+    ``(term, ratios, spec, regions)`` and return the detached KL weight per token, (B, T), at ``kl_level="token"`` and
+    ``"sequence"``.
+    """
+
+    reading: str  #: what the mode does, in one line
+    source: str  #: the reading it implements: paper section and line, or the code it follows
+    #: True when, on every token and for any anchor, the KL gradient has the sign of the exact weight (or is 0): it
+    #: never pushes π_θ away from π_ref where the exact gradient pulls toward it.
+    keeps_sign: bool
+    token_weight: Callable[..., torch.Tensor]
+    sequence_weight: Callable[..., torch.Tensor]
+
+
+#: How the KL weight is taken outside the trust region when the clip is on (``rpg_clip=True``); with the clip off every
+#: mode is the exact weight. The reward term is RPG-Style Clip's in every mode.
+KL_CLIP_MODES: dict[str, KLClipMode] = {
+    "exact": KLClipMode(
+        "the KL weight at the unclipped w on every token; only the reward term is clipped",
+        "the authors' verl code (a separate KL loss at the unclipped ratio), TRL's use_bias_correction_kl, slime's "
+        "--use-unbiased-kl, DeepSeek-V3.2 Eq. 7",
+        keeps_sign=True,
+        token_weight=_exact_token_weight,
+        sequence_weight=_exact_sequence_weight,
+    ),
+    "truncated": KLClipMode(
+        "the importance weight inside the KL weight truncated at clip_c: min(w, c)·h(ρ) for K = w·h(ρ), the sign of "
+        "the exact weight kept",
+        "rpg_trl (truncated importance sampling with the dual clip's bound c)",
+        keeps_sign=True,
+        token_weight=_truncated_token_weight,
+        sequence_weight=_truncated_sequence_weight,
+    ),
+    "clipped": KLClipMode(
+        "the KL weight at w̄ = clip(w, 1 − ε_low, 1 + ε_high) and log w̄ on every token (rpg_trl 0.1.0); with a "
+        "reference that is not the sampling policy it can push π_θ away from π_ref",
+        "Algorithm 1 lines 11-17 and 32 (the KL inside the clipped advantage, the gradient through w and Â), Remark F.2",
+        keeps_sign=False,
+        token_weight=_clipped_token_weight,
+        sequence_weight=_clipped_sequence_weight,
+    ),
+    "stopped": KLClipMode(
+        "no KL gradient on the tokens whose reward term is clipped, the exact weight elsewhere",
+        "Sec. G.2 and Algorithm 2 lines 20-34 (the gradient flows through w_t but is stopped at Â_t)",
+        keeps_sign=True,
+        token_weight=_stopped_token_weight,
+        sequence_weight=_stopped_sequence_weight,
+    ),
+}
+
+
+def kl_weights(ratios: RatioTensors, spec: RPGLossSpec, regions: ClipRegions) -> torch.Tensor:
     """The KL part ``K`` of the gradient weight ``W = w·A − β·K`` per token, (B, T), detached.
 
-    Token level: ``K(w, r)`` of the module table, at the clipped ``w̄`` when the clip is on (Remark F.2). Sequence level:
-    the exact weight of the whole-completion divergence, ``K_t`` of the sequence table in ``docs/design.md``
-    (``−R≤t``, ``W≤t − R≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t' + W≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t'``); when the clip is on,
-    the prefix ratios ``W≤t`` and the token ratios ``w_t`` inside ``log ρ_t = log w_t − log r_t`` are clipped to
-    ``[1 − ε_low, 1 + ε_high]``, and the score term ``W≤t`` of ``ufkl`` and ``rkl`` (zero in expectation only when
-    exact) is dropped. GRPO's uncorrected k3: ``1 − π_ref/π_θ``.
+    Token level: ``K(w, r)`` of the module table. Sequence level: the exact weight of the whole-completion divergence,
+    ``K_t`` of the sequence table in ``docs/design.md`` (``−R≤t``, ``W≤t − R≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t' + W≤t``,
+    ``Σ_{t'≥t} W≤t'·log ρ_t'``). With the clip on, outside the trust region, the weight is the one of
+    ``spec.kl_clip_mode`` ([`KL_CLIP_MODES`]); `regions` are the reward term's clip regions (the ``"stopped"`` mode
+    removes the KL gradient there). GRPO's uncorrected k3: ``1 − π_ref/π_θ``, unclipped.
     """
     term = spec.kl_term
     with torch.no_grad():
         if not term.importance_weighted:
             return term.weight(None, None, ratios.token_log_w, ratios.token_log_r)
+        mode = KL_CLIP_MODES[spec.kl_clip_mode if spec.clip else "exact"]
         if spec.kl_level == "sequence":
-            prefixes = ratios.prefixes
-            log_W, log_w = prefixes.log_W.detach(), ratios.token_log_w
-            if spec.clip:  # every ratio of π_θ to π_old in the weight, prefix and token, in the trust region
-                log_W, log_w = _clip_log(log_W, spec), _clip_log(log_w, spec)
-            log_rho = log_w - ratios.token_log_r
-            W = torch.exp(log_W)
-            weight = term.sequence_weight(W, torch.exp(prefixes.log_R), log_rho)
-            if spec.clip and term.sequence_score_term:  # a clipped score term is not zero-mean: drop it
-                weight = weight - W
-            return weight
-        if not spec.clip:
-            return term.weight(ratios.w.detach(), ratios.r, ratios.log_w.detach(), ratios.log_r)
-        w_bar = ratios.w.detach().clamp(1.0 - spec.epsilon_low, 1.0 + spec.epsilon_high)
-        return term.weight(w_bar, ratios.r, _clip_log(ratios.log_w, spec), ratios.log_r)
+            return mode.sequence_weight(term, ratios, spec, regions)
+        return mode.token_weight(term, ratios, spec, regions)
 
 
 def token_kl(ratios: RatioTensors, divergence: str | RPGLossSpec, kl_importance_weight: bool = True) -> torch.Tensor:
@@ -558,7 +689,7 @@ def differentiable_per_token_loss(
         else:
             with torch.no_grad():
                 value = kl_values(ratios, spec)
-        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec), ratios.log_w)
+        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.log_w)
     else:
         kl = kl_values(ratios, spec)
     zero = torch.zeros((), dtype=reward_loss.dtype, device=reward_loss.device)
@@ -584,7 +715,7 @@ def reinforce_per_token_loss(
             negative_weight.masked_fill_(regions.any, 0.0)
         if reward_mask is not None:
             negative_weight.mul_(reward_mask)
-        negative_weight.add_(kl_weights(ratios, spec), alpha=spec.beta)  # −W = −w·A + β·K
+        negative_weight.add_(kl_weights(ratios, spec, regions), alpha=spec.beta)  # −W = −w·A + β·K
     return negative_weight * ratios.token_log_ratio
 
 
@@ -664,6 +795,15 @@ def rpg_per_token_loss(
     regulariser keeps acting on every token (as TRL adds ``β·KL`` after its masks).
     """
     spec = _resolve_spec(spec, spec_fields)
+    if ref_logps is not None and kl_can_flip_sign(spec):
+        warnings.warn(
+            f"kl_clip_mode={spec.kl_clip_mode!r} takes the KL weight at the clipped importance weight, and with a "
+            "reference that is not the sampling policy (ref_logps given) that weight can have the opposite sign of the "
+            "exact one: the KL term then pushes π_θ away from π_ref on tokens outside the trust region "
+            f"(docs/design.md). Use kl_clip_mode={DEFAULT_KL_CLIP_MODE!r} (the default) or 'truncated' to keep the sign.",
+            KLSignWarning,
+            stacklevel=2,
+        )
     ratios = importance_ratios(logps, old_logps, ref_logps, mask > 0, spec.importance_sampling_level)
     dtype = ratios.w.dtype
     if advantages.dim() == 1:
@@ -685,6 +825,17 @@ def rpg_per_token_loss(
         "importance_weight": ratios.w.detach(),
     }
     return per_token_loss, stats
+
+
+def kl_can_flip_sign(spec: RPGLossSpec) -> bool:
+    """Whether `spec`'s KL gradient can point away from a reference that is not the sampling policy: a clipped,
+    importance-weighted KL with β > 0 in a [`KL_CLIP_MODES`] entry that does not keep the exact weight's sign."""
+    return (
+        spec.clip
+        and spec.beta > 0
+        and spec.kl_term.importance_weighted
+        and not KL_CLIP_MODES[spec.kl_clip_mode].keeps_sign
+    )
 
 
 def _resolve_spec(spec: RPGLossSpec | None, spec_fields: dict) -> RPGLossSpec:

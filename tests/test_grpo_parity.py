@@ -82,6 +82,24 @@ def test_ppo_clip_equals_grpo_trainer_outside_the_trust_region(tiny_model_dir, t
     assert rpg._metrics["train"]["clip_ratio/region_mean"][-1] > 0.1  # the clip acts on this batch
 
 
+@pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")  # the "clipped" reading at the end
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_exact_kl_weight_equals_grpo_trainer_bias_corrected_k3_outside_the_trust_region(
+    tiny_model_dir, tmp_path, loss_type
+):
+    # kl_clip_mode="exact" (the default) takes the KL term at the unclipped w on every token, as TRL adds
+    # `use_bias_correction_kl`'s w·k3 after its clip: with ratios far outside the trust region the loss and the
+    # gradient are GRPOTrainer's. Algorithm 1's reading ("clipped") is not: it is a different loss there.
+    grpo, rpg = _pair(tiny_model_dir, tmp_path, loss_type, beta=0.1)
+    assert rpg.args.kl_clip_mode == "exact" and grpo.args.use_bias_correction_kl
+    inputs = fixed_inputs(grpo, spread=0.6)
+    _assert_same(grpo, rpg, inputs)
+    assert rpg._metrics["train"]["clip_ratio/region_mean"][-1] > 0.1  # the clip acts on this batch
+    rpg.loss_spec = rpg.loss_spec.replace(kl_clip_mode="clipped")
+    with pytest.raises(AssertionError, match="gradient"):
+        _assert_same(grpo, rpg, inputs)
+
+
 def test_uncorrected_k3_equals_grpo_trainer_without_bias_correction(tiny_model_dir, tmp_path):
     # GRPO's `use_bias_correction_kl=False` is honoured: RPG switches to its uncorrected-k3 ablation.
     shared = dict(epsilon=0.2, epsilon_high=0.28, use_bias_correction_kl=False, beta=0.1)

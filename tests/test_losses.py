@@ -2,6 +2,7 @@
 
 import dataclasses
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -9,7 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpg_trl.losses import DIVERGENCES, ESTIMATORS, KL_LEVELS, rpg_loss, rpg_per_token_loss
+from rpg_trl.losses import (
+    DIVERGENCES,
+    ESTIMATORS,
+    KL_CLIP_MODES,
+    KL_LEVELS,
+    KLSignWarning,
+    rpg_loss,
+    rpg_per_token_loss,
+)
 
 
 B, T = 3, 5
@@ -151,51 +160,165 @@ def test_differentiable_clipped_reward_term_value_is_ppo_dual_clip():
     assert float(loss.detach()) == pytest.approx(expected.mean(), rel=1e-12)
 
 
+def expected_K(mode, divergence, lp, old, ref, active, clip_c=10.0):
+    """The KL weight K of each `kl_clip_mode` outside the trust region, from the closed form of docs/design.md
+    (float64 numpy): "exact" K(w, r); "truncated" min(1, c/w)·K(w, r); "clipped" K(w̄, r) at w̄ = clip(w, 0.8, 1.28) and
+    log w̄; "stopped" K(w, r) where the reward term is active and 0 elsewhere."""
+    zero_adv = np.zeros(lp.shape[0])
+    K = -closed_form_W(divergence, lp, old, ref, zero_adv, 1.0)
+    w = np.exp(lp - old)
+    if mode == "exact":
+        return K
+    if mode == "truncated":
+        return np.minimum(1.0, clip_c / w) * K
+    if mode == "clipped":
+        lp_bar = old + np.log(np.clip(w, 0.8, 1.28))
+        return -closed_form_W(divergence, lp_bar, old, ref, zero_adv, 1.0)
+    if mode == "stopped":
+        return np.where(active, K, 0.0)
+    raise AssertionError(mode)
+
+
+@pytest.mark.parametrize("mode", KL_CLIP_MODES)
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-def test_dual_clip_with_kl_interior_exact_and_kl_at_the_clipped_weight_outside(divergence, estimator):
+def test_dual_clip_with_kl_interior_exact_and_each_modes_weight_outside(divergence, estimator, mode):
     lp, old, adv, mask, w, active = _clip_inputs()
-    _, grad, _ = grad_of(lp, old, None, adv, mask, divergence=divergence, estimator=estimator, beta=BETA, clip=True)
+    kw = dict(divergence=divergence, estimator=estimator, beta=BETA, clip=True, kl_clip_mode=mode)
+    _, grad, _ = grad_of(lp, old, None, adv, mask, **kw)
     n = mask.sum()
     full_w = closed_form_W(divergence, lp, old, None, adv, BETA)[:, 0]
     interior = (w >= 0.8) & (w <= 1.28)
     np.testing.assert_allclose(grad[interior, 0], -full_w[interior] / n, rtol=1e-6)
-    # Outside the trust region, for both estimators: W = [w·A if the reward term is active] − β·K(w̄), with
-    # w̄ = clip(w, 1 - eps_low, 1 + eps_high) (Remark F.2; Algorithm 1 keeps the KL inside the clipped advantage).
-    w_bar = np.clip(w, 0.8, 1.28)
-    lp_bar = old[:, 0] + np.log(w_bar)
-    kl_part = closed_form_W(divergence, lp_bar[:, None], old, None, np.zeros_like(adv), BETA)[:, 0]
-    expected = -(np.where(active, w * adv, 0.0) + kl_part) / n
-    outside = ~interior
-    np.testing.assert_allclose(grad[outside, 0], expected[outside], rtol=1e-6, atol=1e-12)
+    # Outside the trust region, for both estimators: W = [w·A if the reward term is active] − β·K of the mode.
+    K = expected_K(mode, divergence, lp, old, None, active[:, None])[:, 0]
+    expected = -(np.where(active, w * adv, 0.0) - BETA * K) / n
+    np.testing.assert_allclose(grad[~interior, 0], expected[~interior], rtol=1e-6, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", KL_CLIP_MODES)
 @pytest.mark.parametrize("divergence", DIVERGENCES)
-def test_clipped_kl_with_a_separate_reference_and_both_estimators_agree_everywhere(divergence):
+def test_each_kl_clip_mode_with_a_separate_reference_and_both_estimators_agree_everywhere(divergence, mode):
     # Log-ratios up to ±2.5 put many tokens outside the trust region; r != 1 (separate reference).
     lp, old, ref, adv, mask = make_inputs(seed=7, spread=2.5, with_ref=True)
-    kwargs = dict(divergence=divergence, beta=BETA, clip=True)
-    _, g_diff, _ = grad_of(lp, old, ref, adv, mask, estimator="differentiable", **kwargs)
-    _, g_rf, _ = grad_of(lp, old, ref, adv, mask, estimator="reinforce", **kwargs)
+    kwargs = dict(divergence=divergence, beta=BETA, clip=True, kl_clip_mode=mode)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KLSignWarning)
+        _, g_diff, _ = grad_of(lp, old, ref, adv, mask, estimator="differentiable", **kwargs)
+        _, g_rf, _ = grad_of(lp, old, ref, adv, mask, estimator="reinforce", **kwargs)
     w = np.exp(lp - old)
     a = adv[:, None] * np.ones_like(w)
     active = np.where(a > 0, w <= 1.28, (w >= 0.8) & (w <= 10.0))
-    lp_bar = old + np.log(np.clip(w, 0.8, 1.28))
-    kl_part = closed_form_W(divergence, lp_bar, old, ref, np.zeros_like(adv), BETA)
-    expected = -mask * (np.where(active, w * a, 0.0) + kl_part) / mask.sum()
+    K = expected_K(mode, divergence, lp, old, ref, active)
+    expected = -mask * (np.where(active, w * a, 0.0) - BETA * K) / mask.sum()
     assert ((w < 0.8) | (w > 1.28))[mask > 0].sum() >= 5  # the case under test is present
     np.testing.assert_allclose(g_diff, expected, rtol=1e-6, atol=1e-12)
     np.testing.assert_allclose(g_rf, expected, rtol=1e-6, atol=1e-12)
 
 
-def test_kl_gradient_is_bounded_far_outside_the_trust_region():
-    # One token at log w = 10, A = 0: with the KL at w̄ = 1.28 its weight is β·1.28·log 1.28 (URKL), not β·e^10·10.
+def wide_ratio_batch(seed=21, b=64, t=6, spread=4.0):
+    """π_ref ≠ π_old, log w and log r spread over ±`spread` (w over e^±4 by default), A = 0: the gradient is the KL's."""
+    g = np.random.default_rng(seed)
+    old = -g.uniform(0.5, 3.0, size=(b, t))
+    lp = old + g.uniform(-spread, spread, size=(b, t))
+    ref = old + g.uniform(-spread, spread, size=(b, t))
+    return lp, old, ref, np.zeros(b), np.ones((b, t))
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", ["urkl", "ufkl"])
+def test_default_kl_gradient_moves_every_token_toward_the_reference(divergence, estimator):
+    # The issue's measurement: default settings (RPG-Style Clip on), a reference that is not the sampling policy,
+    # importance weights over e^±4, A = 0, β = 0.2. For urkl (K = w·log ρ) and ufkl (K = w − r = r·(ρ − 1)) the exact
+    # weight has the sign of log ρ = log π_θ − log π_ref, so a gradient-descent step must lower log π_θ where it is
+    # above the reference and raise it where it is below: −∂loss/∂log π_θ has the sign of log π_ref − log π_θ.
+    lp, old, ref, adv, mask = wide_ratio_batch()
+    _, grad, _ = grad_of(lp, old, ref, adv, mask, divergence=divergence, estimator=estimator, beta=0.2)
+    toward_reference = np.sign(-grad) == np.sign(ref - lp)
+    outside = (np.exp(lp - old) < 0.8) | (np.exp(lp - old) > 1.28)
+    assert outside.sum() > 200  # most tokens are outside the trust region
+    assert toward_reference.all(), f"{(~toward_reference).sum()} tokens pushed away from the reference"
+    # Inside the trust region the gradient is the exact one.
+    exact = -mask * closed_form_W(divergence, lp, old, ref, adv, 0.2) / mask.sum()
+    np.testing.assert_allclose(grad[~outside], exact[~outside], rtol=1e-6, atol=1e-12)
+
+
+@pytest.mark.parametrize("divergence", ["urkl", "ufkl"])
+def test_algorithm_1_reading_can_push_away_from_the_reference_and_warns(divergence):
+    # The same batch with kl_clip_mode="clipped" (the KL weight at w̄, Algorithm 1 literally): the sign flips on some
+    # tokens, and the loss says so with a KLSignWarning.
+    lp, old, ref, adv, mask = wide_ratio_batch()
+    with pytest.warns(KLSignWarning, match="away from π_ref"):
+        _, grad, _ = grad_of(lp, old, ref, adv, mask, divergence=divergence, beta=0.2, kl_clip_mode="clipped")
+    away = np.sign(-grad) == -np.sign(ref - lp)
+    assert away.mean() > 0.05
+    # The issue's example: π_ref = 0.3, π_old = 0.1, π_θ = 0.5 (urkl): exact K = 5·log(5/3) = +2.55 lowers the token,
+    # the clipped K̄ = 1.28·(log 1.28 − log 3) = −1.09 raises it.
+    one = [np.log([[x]]) for x in (0.5, 0.1, 0.3)]
+    for mode, K in (("exact", 5 * np.log(5 / 3)), ("clipped", 1.28 * (np.log(1.28) - np.log(3)))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", KLSignWarning)
+            _, g, _ = grad_of(*one, np.zeros(1), np.ones((1, 1)), divergence="urkl", beta=1.0, kl_clip_mode=mode)
+        assert g[0, 0] == pytest.approx(K, rel=1e-6)
+
+
+def test_no_warning_without_a_reference_or_with_a_sign_keeping_mode():
+    lp, old, ref, adv, mask = wide_ratio_batch(b=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KLSignWarning)
+        grad_of(lp, old, None, adv, mask, beta=0.2, kl_clip_mode="clipped")  # r = 1: the sign never flips
+        for mode in ("exact", "truncated", "stopped"):
+            grad_of(lp, old, ref, adv, mask, beta=0.2, kl_clip_mode=mode)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_kl_clip_mode_sampling_anchor_clipped_never_flips_sign(estimator):
+    # With r = 1 (the paper's runs) the clipped weight K(w̄) = w̄·log w̄ has the sign of log w: it saturates, never flips.
+    lp, old, _, adv, mask = wide_ratio_batch()
+    _, grad, _ = grad_of(lp, old, None, adv, mask, estimator=estimator, beta=0.2, kl_clip_mode="clipped")
+    assert (np.sign(-grad) == np.sign(old - lp)).all()
+
+
+@pytest.mark.parametrize("mode", KL_CLIP_MODES)
+@pytest.mark.parametrize("clip", [True, False])
+def test_estimators_agree_beyond_the_log_ratio_clamp(mode, clip):
+    # One token, β = 0.1, log w = 15 and 25: the clamp at ±20 bounds exp() but must not take the gradient off the token,
+    # so both estimators give the same, non-zero gradient on both sides of |log w| = 20 (log r = −5 and 25, the
+    # latter clamped to 20).
+    old = np.array([[-30.0]])
+    for log_r in (-5.0, 25.0):
+        for log_w in (15.0, 25.0):
+            kw = dict(divergence="urkl", beta=0.1, clip=clip, kl_clip_mode=mode)
+            inputs = (old + log_w, old, old + log_r, np.zeros(1), np.ones((1, 1)))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", KLSignWarning)
+                grads = [grad_of(*inputs, estimator=e, **kw)[1][0, 0] for e in ESTIMATORS]
+            assert grads[0] == pytest.approx(grads[1], rel=1e-6)
+            if log_r < 0:
+                assert grads[0] != 0.0
+            if clip and mode == "clipped" and log_r > 20:  # the issue's numbers: β·1.28·(log 1.28 − 20) = −2.53
+                assert grads[0] == pytest.approx(0.1 * 1.28 * (math.log(1.28) - 20.0), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "mode, expected",
+    [
+        ("clipped", 1.28 * math.log(1.28)),  # K at w̄ = 1.28
+        ("truncated", 10.0 * 10.0),  # min(w, c)·log w with c = 10
+        ("exact", math.exp(10.0) * 10.0),
+        ("stopped", math.exp(10.0) * 10.0),  # A = 0: no reward term is clipped, so the exact weight
+    ],
+)
+def test_kl_gradient_far_outside_the_trust_region(mode, expected):
+    # One token at log w = 10, A = 0, URKL: the weight of each mode, by hand.
     beta = 1e-4
     old = np.array([[-3.0]])
     lp = old + 10.0
     for estimator in ESTIMATORS:
-        _, grad, _ = grad_of(lp, old, None, np.zeros(1), np.ones((1, 1)), estimator=estimator, beta=beta, clip=True)
-        assert grad[0, 0] == pytest.approx(beta * 1.28 * math.log(1.28), rel=1e-6)
+        _, grad, _ = grad_of(
+            lp, old, None, np.zeros(1), np.ones((1, 1)), estimator=estimator, beta=beta, kl_clip_mode=mode
+        )
+        assert grad[0, 0] == pytest.approx(beta * expected, rel=1e-6)
 
 
 def test_differentiable_loss_value_keeps_the_importance_weighted_kl_estimate_when_clipped():
@@ -360,12 +483,15 @@ def test_shape_mismatch_raises():
     divergence=st.sampled_from(DIVERGENCES),
     estimator=st.sampled_from(ESTIMATORS),
     clip=st.booleans(),
+    kl_clip_mode=st.sampled_from(list(KL_CLIP_MODES)),
+    kl_level=st.sampled_from(KL_LEVELS),
     with_ref=st.booleans(),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     aggregation=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]),
 )
+@pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")
 def test_property_finite_for_any_finite_input(
-    b, t, seed, scale, divergence, estimator, clip, with_ref, dtype, aggregation
+    b, t, seed, scale, divergence, estimator, clip, kl_clip_mode, kl_level, with_ref, dtype, aggregation
 ):
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(b, t, generator=g) * 5
@@ -382,6 +508,8 @@ def test_property_finite_for_any_finite_input(
         divergence=divergence,
         estimator=estimator,
         clip=clip,
+        kl_clip_mode=kl_clip_mode,
+        kl_level=kl_level,
         beta=0.1,
         aggregation=aggregation,
     )
@@ -443,20 +571,27 @@ def test_spec_and_keywords_together_or_unknown_keywords_are_refused():
 
 
 # ================================================================================ kl_level="sequence"
-def sequence_K(divergence, lp, old, ref, mask, clip=None):
-    """K_t of the exact gradient of the divergence between whole completions (docs/design.md), float64 numpy, from the
-    prefix products W≤t = Π_{s≤t} w_s and R≤t: fkl −R≤t, ufkl W≤t − R≤t, rkl Σ_{t'≥t} W≤t'·log ρ_t' + W≤t, urkl the
-    same without W≤t. `clip` = (ε_low, ε_high) clips W≤t and the w_t of log ρ_t, and drops the score term W≤t of ufkl
-    and rkl."""
+def sequence_K(divergence, lp, old, ref, mask, mode="exact", active=None):
+    """K_t of the gradient of the divergence between whole completions (docs/design.md), float64 numpy, from the prefix
+    products W≤t = Π_{s≤t} w_s and R≤t: fkl −R≤t, ufkl W≤t − R≤t, rkl Σ_{t'≥t} W≤t'·log ρ_t' + W≤t, urkl the same
+    without W≤t. Outside the trust region (`mode`, the clip on): "exact" as is; "truncated" every W≤t' replaced by
+    min(W≤t', 10) and R≤t' scaled by the same factor; "clipped" W≤t and the w_t of log ρ_t clipped to [0.8, 1.28] and
+    the score term W≤t of ufkl and rkl dropped; "stopped" exact, 0 where `active` is False."""
     log_w = (lp - old) * mask
     log_r = np.zeros_like(log_w) if ref is None else (ref - old) * mask
     W, R = np.exp(np.cumsum(log_w, -1)), np.exp(np.cumsum(log_r, -1))
-    if clip is not None:  # the prefix ratios and the token ratios of log ρ_t, in the trust region
-        W = np.clip(W, 1 - clip[0], 1 + clip[1])
-        log_w = np.clip(log_w, np.log(1 - clip[0]), np.log(1 + clip[1]))
+    score = W
+    if mode == "clipped":  # the prefix ratios and the token ratios of log ρ_t, in the trust region
+        W = np.clip(W, 0.8, 1.28)
+        log_w = np.clip(log_w, np.log(0.8), np.log(1.28))
+        score = 0.0
+    elif mode == "truncated":
+        s = np.minimum(1.0, 10.0 / W)
+        W, R = W * s, R * s
+        score = W
     to_go = np.cumsum((W * (log_w - log_r))[:, ::-1], -1)[:, ::-1]
-    score = 0.0 if clip is not None else W  # clipped, the zero-mean score term W≤t is dropped
-    return {"fkl": -R, "ufkl": score - R, "rkl": to_go + score, "urkl": to_go}[divergence]
+    K = {"fkl": -R, "ufkl": score - R, "rkl": to_go + score, "urkl": to_go}[divergence]
+    return np.where(active, K, 0.0) if mode == "stopped" else K
 
 
 @pytest.mark.parametrize("with_ref", [False, True], ids=["ref=old", "separate-ref"])
@@ -471,34 +606,68 @@ def test_sequence_level_gradient_is_the_prefix_weight(divergence, estimator, wit
     np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("mode", KL_CLIP_MODES)
 @pytest.mark.parametrize("with_ref", [False, True], ids=["ref=old", "separate-ref"])
 @pytest.mark.parametrize("divergence", DIVERGENCES)
-def test_sequence_level_clip_bounds_the_prefix_ratio_for_both_estimators(divergence, with_ref):
-    # Prefix ratios far outside the trust region: W≤t is clipped to [0.8, 1.28] in the KL weight, and both estimators
-    # give that gradient (the differentiable one in straight-through form), while the reward term is RPG-Style Clip's.
+def test_sequence_level_weight_of_each_kl_clip_mode_for_both_estimators(divergence, with_ref, mode):
+    # Prefix ratios far outside the trust region (and beyond c = 10): the KL weight is the mode's K_t, both estimators
+    # give that gradient (the differentiable one in straight-through form), the reward term is RPG-Style Clip's.
     lp, old, ref, adv, mask = make_inputs(seed=12, spread=1.5, with_ref=with_ref)
-    kw = dict(divergence=divergence, beta=BETA, clip=True, kl_level="sequence", aggregation="seq-mean-token-sum")
-    grads = [grad_of(lp, old, ref, adv, mask, estimator=e, **kw)[1] for e in ESTIMATORS]
+    kw = dict(
+        divergence=divergence, beta=BETA, clip=True, kl_level="sequence", aggregation="seq-mean-token-sum",
+        kl_clip_mode=mode,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KLSignWarning)
+        grads = [grad_of(lp, old, ref, adv, mask, estimator=e, **kw)[1] for e in ESTIMATORS]
+        _, reward_only, _ = grad_of(lp, old, ref, adv, mask, estimator="reinforce", **{**kw, "beta": 0.0})
     np.testing.assert_allclose(grads[0], grads[1], rtol=1e-10, atol=1e-12)
-    _, reward_only, _ = grad_of(lp, old, ref, adv, mask, estimator="reinforce", **{**kw, "beta": 0.0})
-    K = sequence_K(divergence, lp, old, ref, mask, clip=(0.2, 0.28))
+    w = np.exp(lp - old)
+    a = adv[:, None] * np.ones_like(w)
+    active = np.where(a > 0, w <= 1.28, (w >= 0.8) & (w <= 10.0))
+    K = sequence_K(divergence, lp, old, ref, mask, mode=mode, active=active)
     np.testing.assert_allclose(grads[0] - reward_only, -mask * (-BETA * K) / B, rtol=1e-10, atol=1e-12)
     log_W = np.cumsum((lp - old) * mask, -1)
-    assert (np.abs(log_W) > 0.5).any()  # the clip acts on this batch
+    assert (log_W[mask > 0] > np.log(10.0)).any() and (np.abs(log_W) > 0.5).any()  # every mode acts on this batch
 
 
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("mode", KL_CLIP_MODES)
+def test_sequence_level_kl_to_go_keeps_its_sign(mode, estimator):
+    # Completions on which π_θ lies above a separate reference at every token (log ρ_t > 0): the exact urkl weight, the
+    # KL to go Σ_{t'≥t} W≤t'·log ρ_t', is positive at every token, so the KL lowers every token. The sign-keeping modes
+    # keep that; Algorithm 1's reading (the w_t inside log ρ_t clipped to 1.28 while r_t = 3) makes it negative.
+    g = np.random.default_rng(31)
+    old = -g.uniform(1.0, 3.0, size=(8, 4))
+    ref = old + np.log(3.0)  # r = 3
+    lp = ref + g.uniform(0.2, 2.0, size=(8, 4))  # ρ > 1: w = 3ρ > 3, outside the trust region
+    kw = dict(divergence="urkl", beta=0.2, kl_level="sequence", kl_clip_mode=mode, estimator=estimator)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KLSignWarning)
+        _, grad, _ = grad_of(lp, old, ref, np.zeros(8), np.ones((8, 4)), **kw)
+    lowered = grad > 0  # gradient descent lowers log π_θ
+    if KL_CLIP_MODES[mode].keeps_sign:
+        assert lowered.all()
+    else:
+        assert not lowered.any()
+
+
+@pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")
+@pytest.mark.parametrize("mode", KL_CLIP_MODES)
 @pytest.mark.parametrize("clip", [False, True])
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 @pytest.mark.parametrize("divergence", DIVERGENCES)
-def test_one_token_completions_have_one_kl_level(divergence, estimator, clip):
+def test_one_token_completions_have_one_kl_level(divergence, estimator, clip, mode):
     g = np.random.default_rng(13)
     old = -g.uniform(0.5, 3.0, size=(6, 1))
     lp, ref = old + g.uniform(-1.0, 1.0, size=(6, 1)), old + g.uniform(-1.0, 1.0, size=(6, 1))
     adv, mask = g.normal(size=6), np.ones((6, 1))
-    kw = dict(estimator=estimator, beta=BETA, clip=clip)
-    # With the clip, the sequence level drops the score term of ufkl and rkl (K = w̄ − r, w̄·(log ρ̄ + 1) per token):
-    # their one-token gradient is then fkl's and urkl's at the token level.
-    same_gradient = {"ufkl": "fkl", "rkl": "urkl"}.get(divergence, divergence) if clip else divergence
+    kw = dict(estimator=estimator, beta=BETA, clip=clip, kl_clip_mode=mode)
+    # With Algorithm 1's clip, the sequence level drops the score term of ufkl and rkl (K = w̄ − r, w̄·(log ρ̄ + 1) per
+    # token): their one-token gradient is then fkl's and urkl's at the token level. Every other mode is the same
+    # function of (w, r) at both levels for one token.
+    dropped = clip and mode == "clipped"
+    same_gradient = {"ufkl": "fkl", "rkl": "urkl"}.get(divergence, divergence) if dropped else divergence
     token = grad_of(lp, old, ref, adv, mask, divergence=same_gradient, **kw)
     sequence = grad_of(lp, old, ref, adv, mask, divergence=divergence, kl_level="sequence", **kw)
     np.testing.assert_allclose(token[1], sequence[1], rtol=1e-12, atol=1e-14)

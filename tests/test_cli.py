@@ -14,7 +14,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.tools import cli
-from rpg_trl.tools.cli import bench_algos, plot
+from rpg_trl.tools.cli import bench_algos, bench_kl, plot, runs
 from rpg_trl.tools.toy import build_char_tokenizer, build_tiny_qwen3, curves, no_activation_checkpointing
 
 
@@ -226,8 +226,10 @@ def test_bench_arguments_presets_and_errors():
         bench_algos.BenchAlgosArguments(algorithms=["PPO"])
     with pytest.raises(ValueError, match="must be fresh: \\[100, 101\\]"):
         bench_algos.BenchAlgosArguments(final_seed_start=99, num_final_seeds=3)
-    with pytest.raises(ValueError, match="must include 'GRPO'"):
-        bench_algos.BenchAlgosArguments(algorithms=["DAPO"])
+    with pytest.raises(ValueError, match="sweep seeds \\[1000, 2000\\] must be fresh: \\[1000\\]"):
+        bench_algos.BenchAlgosArguments(sweep_seeds=[1000, 2000])
+    with pytest.raises(ValueError, match="`sweep_betas` must list positive"):
+        bench_algos.BenchAlgosArguments(sweep_betas=[0.1, 0.0])
     with pytest.raises(ValueError, match="`regimes` must list integers >= 1"):
         bench_algos.BenchAlgosArguments(regimes=[0])
     with pytest.raises(ValueError, match="`learning_rates` must list positive"):
@@ -272,12 +274,25 @@ def test_bench_algos_quick(tmp_path, capsys):
     kl = report["kl"]
     assert kl["chosen_beta"] in args.kl_betas
     assert sorted((r["arm"], r["beta"]) for r in kl["runs"]) == sorted(
-        [("no KL", 0.0)] * 2 + [("RPG-URKL, token", kl["chosen_beta"])] * 2
+        [("no KL", 0.0)] * 2 + [("RPG-URKL, token, exact", kl["chosen_beta"])] * 2
     )
-    assert all(r["proxy_last"] >= 0.0 and r["length_end"] > 0 for r in kl["runs"])
+    assert all(r["proxy_last"] >= 0.0 and r["length_end"] > 0 and r["kl_to_warm_start"] >= 0 for r in kl["runs"])
+    # Every run is keyed by its resolved configuration: the RPG arm's KL clip mode, "no KL"'s β = 0.
+    assert {r["arm"]: r["config"].get("kl_clip_mode") for r in kl["runs"]} == {
+        "no KL": None,
+        "RPG-URKL, token, exact": "exact",
+    }
+    # The robustness sweep: its three arms at each (β, learning rate) on the sweep seed.
+    sweep = report["kl_sweep"]
+    assert sorted((r["arm"], r["beta"], r["learning_rate"]) for r in sweep["runs"]) == sorted(
+        (arm, 0.1, 2e-3) for arm in bench_kl.KL_SWEEP_ARMS
+    )
+    assert {r["seed"] for r in sweep["runs"]} == set(args.sweep_seeds)
+    assert "KL robustness sweep" in table
     # The logged metrics per generation batch (8 steps: one batch of 16), the KL estimate 0 without a regulariser.
-    assert set(kl["dynamics"]) == {"no KL", "RPG-URKL, token"}
-    assert len(kl["dynamics"]["RPG-URKL, token"]["kl"]) == 1 and kl["dynamics"]["RPG-URKL, token"]["kl"][0] > 0
+    assert set(kl["dynamics"]) == {"no KL", "RPG-URKL, token, exact"}
+    exact_kl = kl["dynamics"]["RPG-URKL, token, exact"]["kl"]
+    assert len(exact_kl) == 1 and exact_kl[0] > 0
     assert "largest importance weight" in table
     for name in ("bench_algos.png", "bench_kl.png"):
         png = (output_dir / name).read_bytes()
@@ -286,3 +301,29 @@ def test_bench_algos_quick(tmp_path, capsys):
     capsys.readouterr()
     assert cli.main(["bench-algos", "--quick", "--output-dir", str(output_dir), "--num-workers", "1"]) == 0
     assert json.loads((output_dir / "results.json").read_text())["algorithms"]["runs"] == runs
+
+
+def test_a_run_is_keyed_by_everything_that_defines_it(tmp_path):
+    # The cache key of a run (rpg_trl.tools.cli.runs.run_spec): the arm's resolved configuration, the warm start's
+    # settings, and the library versions with a digest of rpg_trl's own source, so that another setting, another arm
+    # configuration or changed code never reads a stale result.
+    from rpg_trl.losses import DEFAULT_KL_CLIP_MODE
+    from rpg_trl.tools.cli.protocol import cached_result
+
+    args = bench_algos.BenchAlgosArguments(quick=True, output_dir=str(tmp_path))
+    config = bench_kl.kl_arm_config("RPG-URKL, token, default")
+    assert config == {"trainer": "rpg", "divergence": "urkl", "kl_level": "token", "kl_clip_mode": DEFAULT_KL_CLIP_MODE}
+    assert bench_kl.kl_arm_config("TRL k3 (corrected)") == {"trainer": "grpo", "use_bias_correction_kl": True}
+    spec = runs.run_spec(args, {3: str(tmp_path / "warm")}, 3, config=config, arm="a", beta=0.2, learning_rate=1e-3)
+    assert spec["sft_steps"] == args.sft_steps and spec["sft_extra_rounds"] == args.sft_extra_rounds
+    assert set(spec["versions"]) >= {"rpg_trl", "rpg_trl_source", "torch", "transformers", "trl", "python"}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "result.json").write_text(json.dumps({"spec": spec, "result": {"last": 0.5}}))
+    assert cached_result(run_dir, spec) == {"last": 0.5}
+    for changed in (
+        {"config": {**config, "kl_clip_mode": "clipped"}},
+        {"sft_steps": args.sft_steps + 1},
+        {"versions": {**spec["versions"], "rpg_trl_source": "0" * 16}},
+    ):
+        assert cached_result(run_dir, {**spec, **changed}) is None

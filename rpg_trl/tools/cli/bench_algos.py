@@ -71,7 +71,7 @@ ALGORITHMS = {
 #: The method every other is compared with, seed by seed.
 BASELINE = "GRPO"
 #: The tables the command can run.
-TABLES = ("algorithms", "kl")
+TABLES = ("algorithms", "kl", "kl_sweep")
 #: The protocol (full) and the smoke test (``--quick``): the values of the options left unset.
 PRESETS = {
     "full": {
@@ -86,6 +86,9 @@ PRESETS = {
         "algorithms": list(ALGORITHMS),
         "kl_arms": None,  # all of rpg_trl.tools.cli.bench_kl.KL_ARMS
         "kl_betas": [0.2],
+        "sweep_seeds": [2000, 2001, 2002],
+        "sweep_betas": [0.05, 0.1, 0.2],
+        "sweep_learning_rates": [1e-3, 2e-3],
     },
     "quick": {
         **{k: v for k, v in WARM_START_PRESETS["quick"].items() if k != "seeds"},
@@ -99,8 +102,11 @@ PRESETS = {
         "steps": 8,
         "eval_every": 4,
         "algorithms": [BASELINE, "RPG-REINFORCE-URKL"],
-        "kl_arms": ["no KL", "RPG-URKL, token"],
+        "kl_arms": ["no KL", "RPG-URKL, token, exact"],
         "kl_betas": [0.1],
+        "sweep_seeds": [2000],
+        "sweep_betas": [0.1],
+        "sweep_learning_rates": [2e-3],
     },
 }
 
@@ -143,6 +149,14 @@ class BenchAlgosArguments:
         default=None,
         metadata={"help": "Grid of the KL table's β (one for every regularised arm), chosen on the selection seeds."},
     )
+    sweep_seeds: list[int] | None = field(
+        default=None,
+        metadata={"help": "Seeds of the KL robustness sweep (fresh: neither selection nor final seeds)."},
+    )
+    sweep_betas: list[float] | None = field(default=None, metadata={"help": "β values of the KL robustness sweep."})
+    sweep_learning_rates: list[float] | None = field(
+        default=None, metadata={"help": "Learning rates of the KL robustness sweep."}
+    )
     steps: int | None = field(default=None, metadata={"help": "Optimizer steps per run."})
     sft_steps: int | None = field(default=None, metadata={"help": "Warm-start steps per seed."})
     sft_extra_rounds: int | None = field(
@@ -180,8 +194,6 @@ class BenchAlgosArguments:
         self.tables = chosen(self.tables, dict.fromkeys(TABLES), list(TABLES), "table")
         self.algorithms = chosen(self.algorithms, ALGORITHMS, list(ALGORITHMS), "algorithm")
         self.kl_arms = chosen(self.kl_arms, ALL_KL_ARMS, list(KL_ARMS), "KL arm")
-        if "algorithms" in self.tables and BASELINE not in self.algorithms:
-            raise ValueError(f"`algorithms` must include {BASELINE!r}, the baseline of the paired differences.")
         if not self.regimes or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in self.regimes):
             raise ValueError(f"`regimes` must list integers >= 1 (steps per generation); got {self.regimes!r}.")
         if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):
@@ -190,6 +202,17 @@ class BenchAlgosArguments:
             raise ValueError("`selection_seeds` must list at least one seed.")
         if not self.kl_betas or any(not beta > 0 for beta in self.kl_betas):
             raise ValueError(f"`kl_betas` must list positive numbers; got {self.kl_betas!r}.")
+        for name in ("sweep_betas", "sweep_learning_rates"):
+            if not getattr(self, name) or any(not value > 0 for value in getattr(self, name)):
+                raise ValueError(f"`{name}` must list positive numbers; got {getattr(self, name)!r}.")
+        if not self.sweep_seeds:
+            raise ValueError("`sweep_seeds` must list at least one seed.")
+        reused = sorted(set(self.sweep_seeds) & {*self.selection_seeds, *self.final_seeds})
+        if reused:
+            raise ValueError(
+                f"The sweep seeds {self.sweep_seeds} must be fresh: {reused} are selection or final seeds. Choose "
+                "others with `sweep_seeds`."
+            )
         overlap = sorted(set(self.selection_seeds) & set(self.final_seeds))
         if overlap:
             raise ValueError(
@@ -219,6 +242,17 @@ def warm_start_job(spec: dict, run_dir: str) -> dict:
     )
 
 
+def algorithm_config(algorithm: str) -> dict:
+    """The trainer and the configuration overrides of `algorithm` ([`ALGORITHMS`]), with, for RPG, the default of the
+    KL weighting outside the trust region that its runs rely on (part of a run's specification)."""
+    from rpg_trl.losses import DEFAULT_KL_CLIP_MODE
+
+    kind, overrides = ALGORITHMS[algorithm]
+    if kind == "rpg":
+        overrides = {"kl_clip_mode": DEFAULT_KL_CLIP_MODE, **overrides}
+    return {"trainer": kind, **overrides}
+
+
 def algorithm_job(spec: dict, run_dir: str) -> dict:
     """Train `spec["algorithm"]` from the warm start `spec["sft_dir"]` and return its [`run_summary`]."""
     from trl import GRPOConfig, GRPOTrainer
@@ -230,7 +264,8 @@ def algorithm_job(spec: dict, run_dir: str) -> dict:
     from ..toy.addition import addition_reward, build_rl_dataset
     from ..toy.training import rl_training_kwargs
 
-    kind, overrides = ALGORITHMS[spec["algorithm"]]
+    overrides = dict(spec["config"])
+    kind = overrides.pop("trainer")
     splits, model, tokenizer, accuracy = warm_started(spec)
     kwargs = rl_training_kwargs(steps=spec["steps"], seed=spec["seed"], learning_rate=spec["learning_rate"])
     kwargs.update(steps_per_generation=spec["regime"], disable_tqdm=True)
@@ -295,20 +330,30 @@ def run_algorithms_table(args: BenchAlgosArguments, sft_dirs: dict[int, str], po
                 for learning_rate in rates_of(regime, algorithm):
                     for seed in seeds:
                         spec = run_spec(
-                            args, sft_dirs, seed, algorithm=algorithm, regime=regime, learning_rate=learning_rate
+                            args,
+                            sft_dirs,
+                            seed,
+                            config=algorithm_config(algorithm),
+                            algorithm=algorithm,
+                            regime=regime,
+                            learning_rate=learning_rate,
                         )
                         run_dir = root / f"spg{regime}" / algorithm / _lr_name(learning_rate) / f"seed{seed}"
                         jobs.append((spec, str(run_dir)))
         return jobs
 
     common = {"pool": pool, "num_threads": args.num_threads, "describe": describe_run}
-    selection_jobs = jobs_for(args.selection_seeds, lambda regime, algorithm: args.learning_rates)
+    # A grid of one learning rate selects nothing: no selection runs then.
+    grid_rates = args.learning_rates if len(args.learning_rates) > 1 else []
+    selection_jobs = jobs_for(args.selection_seeds, lambda regime, algorithm: grid_rates)
     selection = run_jobs(selection_jobs, algorithm_job, desc="algorithms: selection runs", **common)
     grid: dict[tuple, dict[float, list[float]]] = {}
     for (spec, _), result in zip(selection_jobs, selection):
         key = (spec["regime"], spec["algorithm"])
         grid.setdefault(key, {}).setdefault(spec["learning_rate"], []).append(result["last"])
-    chosen_rates = {key: select_best(scores) for key, scores in grid.items()}
+    chosen_rates = {key: select_best(scores) for key, scores in grid.items()} or {
+        (regime, algorithm): args.learning_rates[0] for regime in args.regimes for algorithm in args.algorithms
+    }
     final_jobs = jobs_for(args.final_seeds, lambda regime, algorithm: [chosen_rates[(regime, algorithm)]])
     final = run_jobs(final_jobs, algorithm_job, desc="algorithms: final runs", **common)
     runs = [{**spec, **result, "run_dir": run_dir} for (spec, run_dir), result in zip(final_jobs, final)]
@@ -350,7 +395,7 @@ def summarize(runs: list[dict], group_key: str, baseline: str | None) -> list[di
         for key in ("kl", "clip_region", "importance_weight_max", "importance_weight_min"):
             values = [run[key] for run in group if run.get(key) is not None]
             row[key] = statistics.fmean(values) if values else None
-        if baseline is not None and baseline in by_name:
+        if baseline is not None and baseline in by_name and name != baseline:
             for key in ("last", "best"):
                 mine = {run["seed"]: run[key] for run in group}
                 theirs = {run["seed"]: run[key] for run in by_name[baseline]}
@@ -402,11 +447,11 @@ def format_algorithms_table(rows: list[dict], regime: int, args: BenchAlgosArgum
                 f"{row['learning_rate']:.2g}",
                 format_interval(row["last"], row["last_ci"], digits=3),
                 "–"
-                if row["algorithm"] == BASELINE
+                if "last_vs_baseline" not in row
                 else format_interval(row["last_vs_baseline"], row["last_vs_baseline_ci"], scale=100, sign=True),
                 format_interval(row["best"], row["best_ci"], digits=3),
                 "–"
-                if row["algorithm"] == BASELINE
+                if "best_vs_baseline" not in row
                 else format_interval(row["best_vs_baseline"], row["best_vs_baseline_ci"], scale=100, sign=True),
                 format_interval(row["gain"], row["gain_ci"], scale=100),
                 format_interval(row["max_reward_drop"], row["max_reward_drop_ci"], scale=100),
@@ -494,7 +539,13 @@ def run_bench(args: BenchAlgosArguments) -> dict:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     with cpu_session(args.num_threads), job_pool(args.num_workers) as pool:
-        sft_dirs = warm_starts(args, [*args.selection_seeds, *args.final_seeds], pool)
+        # Selection seeds only where a grid has more than one value to choose from.
+        selects = ("algorithms" in args.tables and len(args.learning_rates) > 1) or (
+            "kl" in args.tables and len(args.kl_betas) > 1
+        )
+        seeds = [*(args.selection_seeds if selects else []), *args.final_seeds]
+        seeds += args.sweep_seeds if "kl_sweep" in args.tables else []
+        sft_dirs = warm_starts(args, seeds, pool)
         report: dict = {"arguments": {**asdict(args), "final_seeds": args.final_seeds}}
         markdown = []
         if "algorithms" in args.tables:
@@ -509,16 +560,26 @@ def run_bench(args: BenchAlgosArguments) -> dict:
             }
             for regime in args.regimes:
                 markdown.append(format_algorithms_table(report["algorithms"]["table"][regime], regime, args))
-            markdown.append(format_selection_table(algorithms["selection"], algorithms["chosen_learning_rates"], args))
+            if algorithms["selection"]:
+                markdown.append(
+                    format_selection_table(algorithms["selection"], algorithms["chosen_learning_rates"], args)
+                )
             plot_algorithms(algorithms["runs"], str(output_dir / "bench_algos.png"), args)
         if "kl" in args.tables:
-            from .bench_kl import format_kl_dynamics, format_kl_table, plot_kl, run_kl_table
+            from .bench_kl import format_kl_dynamics, format_kl_readings, format_kl_table, plot_kl, run_kl_table
 
             kl = run_kl_table(args, sft_dirs, pool)
             report["kl"] = kl
             markdown.append(format_kl_table(kl["table"], kl["chosen_beta"], args))
+            markdown.append(format_kl_readings(args.kl_arms))
             markdown.append(format_kl_dynamics(kl["dynamics"], args))
             plot_kl(kl["runs"], str(output_dir / "bench_kl.png"), args)
+        if "kl_sweep" in args.tables:
+            from .bench_kl import format_kl_sweep, run_kl_sweep
+
+            sweep = run_kl_sweep(args, sft_dirs, pool)
+            report["kl_sweep"] = sweep
+            markdown.append(format_kl_sweep(sweep["table"], args))
         warm = [json.loads((Path(d) / "warm_start.json").read_text()) for d in sft_dirs.values()]
         report["warm_starts"] = {seed: w["report"] for seed, w in zip(sft_dirs, warm)}
         report["seconds"] = time.perf_counter() - start

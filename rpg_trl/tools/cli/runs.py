@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from pathlib import Path
 
 
 #: Collapse: the run ends this far below its warm start (held-out accuracy), or its training reward (moving average)
@@ -91,17 +92,45 @@ def train_quietly(trainer) -> float:
     return seconds
 
 
-def run_spec(args, sft_dirs: dict[int, str], seed: int, **arm) -> dict:
-    """The specification of one run (what its cached result is keyed by): the `arm`'s settings, the seed and its warm
-    start, and the budget and evaluation shared by every run of the command."""
+def library_versions() -> dict[str, str]:
+    """What, besides its settings, defines a run's result: the versions of Python and of the libraries that train it, and
+    a digest of ``rpg_trl``'s own source outside the command line (the library and the toy task), so that a cached
+    result is not read back after the code that produced it changed."""
+    import hashlib
+    import importlib.metadata
+    import platform
+
+    import rpg_trl
+
+    package = Path(rpg_trl.__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package).as_posix()
+        if relative.startswith("tools/cli/"):
+            continue  # tables and figures, not training
+        digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    versions = {"python": platform.python_version(), "rpg_trl_source": digest.hexdigest()[:16]}
+    for name in ("rpg_trl", "torch", "transformers", "trl", "accelerate"):
+        versions[name] = importlib.metadata.version(name)
+    return versions
+
+
+def run_spec(args, sft_dirs: dict[int, str], seed: int, *, config: dict, **arm) -> dict:
+    """The specification of one run, what its cached result is keyed by: the `arm`'s name and settings, its trainer
+    `config` (the overrides it trains with, the defaults it relies on resolved), the seed and its warm start (folder
+    and settings), the budget and evaluation shared by every run of the command, and [`library_versions`]."""
     return {
         **arm,
+        "config": config,
         "seed": seed,
         "sft_dir": sft_dirs[seed],
+        "sft_steps": args.sft_steps,
+        "sft_extra_rounds": args.sft_extra_rounds,
         "steps": args.steps,
         "eval_every": args.eval_every,
         "eval_problems": args.eval_problems,
         "eval_samples": args.eval_samples,
+        "versions": library_versions(),
     }
 
 

@@ -65,6 +65,72 @@ def heldout_scores(
     return scores
 
 
+def token_kl_to_reference(
+    model,
+    reference,
+    tokenizer,
+    pairs,
+    *,
+    num_samples: int = 4,
+    seed: int = 0,
+    max_new_tokens: int = MAX_COMPLETION_LENGTH,
+) -> float:
+    """
+    The token-level reverse KL from `model` (π_θ) to `reference` (π_ref) on its own completions: the mean, over the
+    tokens of `num_samples` completions per problem of `pairs` sampled from π_θ at temperature 1 (up to and including
+    the end token), of the exact KL(π_θ(·|prefix) ‖ π_ref(·|prefix)) over the whole vocabulary at that position. It
+    is measured the same way whatever the trainer's regulariser (a comparable number for every arm of a benchmark),
+    and, summed over a completion's tokens instead of averaged, its expectation is the KL between whole completions.
+    Sampling uses its own seeded random stream.
+    """
+    import torch
+    from transformers import GenerationConfig
+
+    if not pairs:
+        raise ValueError("`pairs` is empty: there is nothing to evaluate.")
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=True,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        num_return_sequences=num_samples,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    was_training = model.training
+    model.eval()
+    try:
+        inputs = tokenizer([prompt_of(a, b) for a, b in pairs], return_tensors="pt", padding=True).to(model.device)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            output = model.generate(**inputs, generation_config=config)
+            prompt_length = inputs["input_ids"].shape[1]
+            completion = output[:, prompt_length:]
+            # The completion's tokens up to and including the first end token.
+            is_eos = completion == tokenizer.eos_token_id
+            after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
+            completion_mask = ~after_eos
+            prompt_mask = inputs["attention_mask"].repeat_interleave(num_samples, dim=0)
+            attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=-1)
+            # Position p's logits predict token p + 1: the completion's tokens are predicted from prompt_length − 1 on.
+            positions = slice(prompt_length - 1, output.shape[1] - 1)
+            # Position ids that skip the left padding, as generation used them.
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+            def log_probs(m):
+                logits = m(output, attention_mask=attention_mask, position_ids=position_ids).logits
+                return torch.log_softmax(logits[:, positions].float(), -1)
+
+            reference.eval()
+            log_p, log_q = log_probs(model), log_probs(reference)
+            kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+            mask = completion_mask.to(kl.dtype)
+            return float((kl * mask).sum() / mask.sum().clamp(min=1.0))
+    finally:
+        model.train(was_training)
+
+
 def heldout_accuracy(model, tokenizer, pairs, *, num_samples: int = 4, greedy: bool = False, seed: int = 0) -> float:
     """
     Accuracy of `model` on the problems `pairs` ([`heldout_scores`] with [`addition_reward`]).

@@ -15,9 +15,12 @@ from .kl_control import AdaptiveKLCallback
 from .losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
 from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
+from .reliability.kl_drift import KLDriftMonitorMixin
 
 
-class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitorMixin, GRPOTrainer):
+class RPGTrainer(
+    ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitorMixin, KLDriftMonitorMixin, GRPOTrainer
+):
     """
     Trainer for Regularized Policy Gradient (RPG).
 
@@ -32,7 +35,9 @@ class RPGTrainer(ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitor
     exact resume, dataset and length checks) and [`~rpg_trl.dynamic_sampling.DynamicSamplingMixin`] (DAPO dynamic
     sampling), which the baseline trainers share, and
     [`~rpg_trl.reliability.importance_weights.ImportanceWeightMonitorMixin`] (a warning when importance weights
-    explode), which [`~rpg_trl.async_rpg.AsyncRPGTrainer`] shares. RPG's own methods: `_compute_loss` (RPG's per-token
+    explode), which [`~rpg_trl.async_rpg.AsyncRPGTrainer`] shares, and
+    [`~rpg_trl.reliability.kl_drift.KLDriftMonitorMixin`] (a warning when the KL to a reference model stops holding
+    the policy). RPG's own methods: `_compute_loss` (RPG's per-token
     loss, TRL's masks on the reward term, TRL's normalisers, entropy bonus and metrics), `_save_checkpoint` and
     `_load_optimizer_and_scheduler` (the synced reference of the paper's iterative reference update, Sec. 5,
     [`RefModelSyncCallback`]). With `kl_target`, [`~rpg_trl.kl_control.AdaptiveKLCallback`] sets β (`rpg_beta`) after

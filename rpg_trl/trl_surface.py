@@ -117,7 +117,7 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
               _get_collator_with_removed_columns=("data_collator", "description")),
     # ---- GRPOTrainer's state
     PrivateName(GRPO, "_metrics", "state", (_TRAINER_PY, _RFPP, _DS, "kl_control.py", "ref_sync/callback.py",
-                                            "reliability/importance_weights.py"),
+                                            "reliability/importance_weights.py", "reliability/kl_drift.py"),
                 note="mode -> metric -> list of values; GRPOTrainer.log averages and logs them."),
     PrivateName(GRPO, "_step", "state", ("reliability/generation_state.py",),
                 note="Micro-batch counter that picks the buffered generation batch; restored on resume."),

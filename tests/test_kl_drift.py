@@ -1,0 +1,100 @@
+"""Tests of `rpg_trl.reliability.kl_drift`: one warning when the KL to a reference model stops holding the policy."""
+
+import warnings
+
+import pytest
+
+from rpg_trl.reliability.kl_drift import KLDriftMonitor, KLDriftWarning
+
+
+SETTINGS = {"kl_clip_mode": "clipped", "beta": 0.2, "learning_rate": 2e-3, "steps_per_generation": 4}
+
+
+def feed(monitor, per_batch, steps_per_generation=4, first_step=1):
+    """Log each generation batch's values on each of its optimizer steps; return the steps at which it warned."""
+    warned = []
+    step = first_step
+    for values in per_batch:
+        for _ in range(steps_per_generation):
+            if monitor.observe(values, step):
+                warned.append(step)
+            step += 1
+    return warned
+
+
+def test_rising_kl_with_falling_entropy_warns_once_naming_the_settings():
+    # The first KL table's RPG-URKL per token, generation by generation: KL 0.04, 0.26, 0.72, 1.5, 3.7 and entropy
+    # 0.51, 0.46, 0.45, 0.31, 0.20. The fourth batch is the third rise in a row: it is known when batch 5 starts.
+    batches = [
+        {"kl": 0.04, "entropy": 0.51, "importance_weight/max": 4.0},
+        {"kl": 0.26, "entropy": 0.46, "importance_weight/max": 22.7},
+        {"kl": 0.72, "entropy": 0.45, "importance_weight/max": 38.1},
+        {"kl": 1.5, "entropy": 0.31, "importance_weight/max": 35.0},
+        {"kl": 3.7, "entropy": 0.20, "importance_weight/max": 12.9},
+        {"kl": 6.6, "entropy": 0.12, "importance_weight/max": 152.0},
+    ]
+    monitor = KLDriftMonitor(4, clip_c=10.0, settings=SETTINGS)
+    with pytest.warns(KLDriftWarning) as record:
+        warned = feed(monitor, batches)
+    assert warned == [17]  # the first step of batch 5: batches 1-4 are finished
+    assert len(record) == 1
+    message = str(record[0].message)
+    for expected in ("0.04, 0.26, 0.72, 1.5", "kl_clip_mode='exact'", "learning_rate (now 0.002)", "beta (now 0.2)"):
+        assert expected in message
+
+
+def test_a_kl_that_holds_or_oscillates_does_not_warn():
+    # The first KL table's RPG-UFKL over whole completions: the KL rises then levels off at 0.09-0.14, entropy falls
+    # slowly; and GRPO's k3, whose estimate jumps up and down. Neither is three rises in a row with falling entropy,
+    # and no weight goes beyond 10·c.
+    holding = [(0.025, 0.504), (0.061, 0.453), (0.088, 0.441), (0.0925, 0.431), (0.0894, 0.424), (0.141, 0.407)]
+    oscillating = [(0.11, 0.51), (11.2, 0.50), (0.38, 0.507), (0.25, 0.499), (3.5, 0.494), (0.107, 0.481)]
+    for series in (holding, oscillating):
+        monitor = KLDriftMonitor(16, clip_c=10.0, settings=SETTINGS)
+        batches = [{"kl": kl, "entropy": h, "importance_weight/max": 6.0} for kl, h in series]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", KLDriftWarning)
+            assert feed(monitor, batches, steps_per_generation=16) == []
+        assert [b["kl"] for b in monitor.batches] == pytest.approx([kl for kl, _ in series[:-1]])
+
+
+def test_weights_far_beyond_c_with_a_rising_kl_warn():
+    # Entropy flat (no first signature), the KL rising over two batches and a weight of 150 > 10·c = 100.
+    batches = [
+        {"kl": 0.1, "entropy": 0.5, "importance_weight/max": 5.0},
+        {"kl": 0.2, "entropy": 0.5, "importance_weight/max": 8.0},
+        {"kl": 0.4, "entropy": 0.5, "importance_weight/max": 150.0},
+        {"kl": 0.5, "entropy": 0.5, "importance_weight/max": 3.0},
+    ]
+    monitor = KLDriftMonitor(2, clip_c=10.0, settings={**SETTINGS, "kl_clip_mode": "exact"})
+    with pytest.warns(KLDriftWarning, match="reached 150, beyond 10 × clip_c = 100") as record:
+        assert feed(monitor, batches, steps_per_generation=2) == [7]
+    assert "kl_clip_mode='exact'" not in str(record[0].message)  # only the clipped reading gets that advice
+    # The same weight with a falling KL is no signature.
+    monitor = KLDriftMonitor(2, clip_c=10.0, settings=SETTINGS)
+    falling = [dict(b, kl=1.0 / (i + 1)) for i, b in enumerate(batches)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KLDriftWarning)
+        assert feed(monitor, falling, steps_per_generation=2) == []
+
+
+def test_the_trainer_watches_only_a_kl_to_a_reference(tiny_model_dir, tmp_path):
+    from helpers.tiny_runs import make_trainer
+
+    sampling = make_trainer(tiny_model_dir, tmp_path / "s", beta=0.1)
+    assert sampling.kl_drift_monitor is None  # the KL to π_old restarts at 0 with every generation batch
+    reference = make_trainer(
+        tiny_model_dir, tmp_path / "r", beta=0.1, kl_anchor="reference", steps_per_generation=4, learning_rate=1e-3
+    )
+    monitor = reference.kl_drift_monitor
+    assert monitor is not None and monitor.clip_c == reference.args.clip_c
+    assert monitor.settings["kl_clip_mode"] == "exact" and monitor.settings["learning_rate"] == 1e-3
+    # The trainer's log hands the monitor the interval's metrics (means of kl and entropy, the largest weight).
+    reference.model.train()
+    reference._metrics["train"].update({"kl": [0.1, 0.3], "entropy": [0.5, 0.7], "importance_weight/max": [2.0, 9.0]})
+    reference.state.global_step = 1
+    reference.log({})
+    reference.state.global_step = 5  # the next generation batch (4 optimizer steps each): batch 1 is finished
+    reference._metrics["train"].update({"kl": [1.0], "entropy": [0.4], "importance_weight/max": [3.0]})
+    reference.log({})
+    assert monitor.batches == [{"kl": pytest.approx(0.2), "entropy": pytest.approx(0.6), "weight_max": 9.0}]

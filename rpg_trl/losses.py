@@ -31,18 +31,22 @@ Two estimators give this gradient (they coincide when unclipped, Proposition 4.1
   ([`reinforce_per_token_loss`]).
 
 RPG-Style Clip (Sec. 3.3 and 4.1, Algorithms 1 and 2) is a dual clip. The reward term has a gradient for ``A > 0``
-while ``w ≤ 1 + ε_high``, and for ``A < 0`` while ``1 − ε_low ≤ w ≤ c``. The KL term keeps a gradient on every token,
-but outside the trust region ``[1 − ε_low, 1 + ε_high]`` it is evaluated at the clipped weight
-``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` (and ``log w̄``), as Remark F.2 puts ``w̄`` inside SG(·) for the REINFORCE
-estimator and Algorithm 1 bounds it (the KL sits inside the clipped advantage there). With the clip on, the per-token
-gradient weight of BOTH estimators is therefore
+while ``w ≤ 1 + ε_high``, and for ``A < 0`` while ``1 − ε_low ≤ w ≤ c``. Inside the trust region
+``[1 − ε_low, 1 + ε_high]`` the KL weight is the exact ``K``; outside it, it is the weight ``K̃`` of the chosen entry of
+[`KL_CLIP_MODES`] (``kl_clip_mode``; the paper's text, pseudo-code and code disagree here, docs/design.md):
+``"exact"`` ``K(w, r)`` (the authors' code, TRL, slime), ``"truncated"`` ``min(1, c/w)·K(w, r)`` (the exact sign,
+bounded in w), ``"clipped"`` ``K(w̄, r)`` at ``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` and ``log w̄`` (Algorithm 1
+literally, Remark F.2; with a reference that is not the sampling policy it can push π_θ away from π_ref, and warns),
+``"stopped"`` 0 where the reward term is clipped (Algorithm 2). With the clip on, the per-token gradient weight of BOTH
+estimators is
 
-    ``W = [w·A if the reward term is active else 0] − β·K(w̄, r)``,
+    ``W = [w·A if the reward term is active else 0] − β·K̃``,
 
-bounded by β times a constant, so the two estimators give the same gradient for every token, clipped or not. The
-differentiable estimator's loss value keeps the importance-weighted estimate ``β·S(w)``; only its gradient outside the
-trust region uses ``w̄`` (a straight-through form). ``clip=False`` keeps the exact ``W`` everywhere. The design is
-written out in ``docs/design.md``.
+so the two estimators give the same gradient for every token, clipped or not. The differentiable estimator's loss value
+keeps the importance-weighted estimate ``β·S(w)``; its gradient is ``β·K̃`` (a straight-through form). ``clip=False``
+keeps the exact ``W`` everywhere. Log-ratios are clamped at ±[`LOG_RATIO_CLAMP`] in value only
+([`clamp_log_ratio`]), so the clamp never takes the gradient off a token. The design is written out in
+``docs/design.md``.
 
 Everything that defines the loss is one frozen [`RPGLossSpec`] (the trainers build it once from their configuration),
 and ``kl_level="sequence"`` replaces the per-token KL weights of the table by the exact weights of the divergence between
@@ -675,9 +679,9 @@ def differentiable_per_token_loss(
     tokens.
 
     With the clip on, the reward term is PPO's dual clip (Algorithm 1: ``max(−w·A, −w̄·A)``, and for ``A < 0`` at most
-    ``−c·A``), whose value and gradient are TRL's; the KL term is ``SG(S) + SG(K̄)·(log w − SG(log w))``: the value
-    stays the importance-weighted estimate and the gradient is ``β·K̄`` with ``K̄ = K(w̄)`` of [`kl_weights`] (module
-    docstring), which is ``K(w)`` inside the trust region. With ``kl_level="sequence"`` the weights are those of the
+    ``−c·A``), whose value and gradient are TRL's; the KL term is ``SG(S) + SG(K̃)·(log w − SG(log w))``: the value
+    stays the importance-weighted estimate and the gradient is ``β·K̃`` with ``K̃`` of [`kl_weights`] (the
+    ``kl_clip_mode``'s weight), which is ``K(w)`` inside the trust region. With ``kl_level="sequence"`` the weights are those of the
     whole-completion divergence, whose clipped prefixes change the weights of the tokens before them too.
     """
     reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
@@ -706,8 +710,8 @@ def reinforce_per_token_loss(
     """REINFORCE-style surrogate (Table 2, Appendix F, Eq. 4.1): ``−SG(W)·log w`` per token, (B, T), 0 on inactive
     tokens (where ``log w = 0``); its gradient with respect to ``log π_θ`` is ``−W``.
 
-    ``W = [w·A if the reward term is active] − β·K`` with ``K`` from [`kl_weights`] (at the clipped weight when the
-    clip is on, Remark F.2). The gradient flows through the unclamped token log-ratio.
+    ``W = [w·A if the reward term is active] − β·K̃`` with ``K̃`` from [`kl_weights`] (``kl_clip_mode``'s weight
+    outside the trust region when the clip is on). The gradient flows through the unclamped token log-ratio.
     """
     with torch.no_grad():
         negative_weight = ratios.w.detach() * -advantages  # −w·A
@@ -872,8 +876,8 @@ def rpg_loss(
     ``"differentiable"`` through the importance weight (Tables 1 and 4), ``"reinforce"`` with stop-gradient weights
     (Table 2, Appendix F, Eq. 4.1). ``clip=True`` applies RPG-Style Clip (Sec. 3.3, Algorithms 1 and 2): the reward
     term gets no gradient for ``A > 0, w > 1 + ε_high`` nor for ``A < 0`` with ``w < 1 − ε_low`` or ``w > c``, and the
-    KL term's gradient is evaluated at the clipped weight ``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` (Remark F.2), so that
-    both estimators give ``W = [w·A if active] − β·K(w̄, r)`` on every token. ``kl_level="sequence"`` replaces the
+    KL term's weight outside the trust region is ``kl_clip_mode``'s ``K̃`` ([`KL_CLIP_MODES`]), so that both
+    estimators give ``W = [w·A if active] − β·K̃`` on every token. ``kl_level="sequence"`` replaces the
     KL part by the exact gradient of the divergence between whole completions (``docs/design.md``).
 
     Args:
@@ -894,7 +898,9 @@ def rpg_loss(
             value estimates the reverse KL but its expected gradient is that of the forward KL(π_ref‖π_θ),
             docs/bench_optimum.md) and ``kl_level`` (``"token"``: each token's KL term weighted by its own ratio, the
             paper's code and every peer; ``"sequence"``: the exact gradient of the KL between whole completions,
-            exact under ``aggregation="seq-mean-token-sum"``).
+            exact under ``aggregation="seq-mean-token-sum"``), ``kl_clip_mode`` (``DEFAULT_KL_CLIP_MODE``; how the
+            clip weights the KL term outside the trust region: ``"exact"``, ``"truncated"``, ``"clipped"`` or
+            ``"stopped"``, [`KL_CLIP_MODES`]).
         ref_logps (`torch.Tensor` of shape `(B, T)`, *optional*): ``log π_ref`` of the KL anchor. ``None`` anchors
             the KL to the sampling policy (``π_ref = π_old``, the paper's runs), which needs no reference model.
         num_items (`float` or `torch.Tensor`, *optional*): token-mean normaliser to use instead of ``mask.sum()``.

@@ -127,3 +127,43 @@ def test_demo_end_to_end_smoke(tmp_path):
     assert any("heldout/accuracy" in entry for entry in state["log_history"])
     assert any("reward" in entry for entry in state["log_history"])
     assert (output_dir / "sft" / "config.json").is_file()
+
+
+def test_token_kl_to_reference_is_the_mean_exact_kl_over_the_policys_own_completion_tokens():
+    # Recomputed one completion at a time, without padding: the same samples (same seed), each prompt without its left
+    # padding and each completion cut after its end token, both models run on it alone, and the KL over the whole
+    # vocabulary summed at each completion position, then averaged over all completion tokens.
+    from transformers import GenerationConfig
+
+    model, tokenizer = addition.build_model(seed=0)
+    reference, _ = addition.build_model(seed=1)
+    pairs = addition.make_splits(0, num_eval=12).eval[:6]
+    measured = evaluation.token_kl_to_reference(model, reference, tokenizer, pairs, num_samples=2, seed=5)
+    model.eval()
+    reference.eval()
+    inputs = tokenizer([addition.prompt_of(a, b) for a, b in pairs], return_tensors="pt", padding=True)
+    config = GenerationConfig(
+        max_new_tokens=addition.MAX_COMPLETION_LENGTH, do_sample=True, temperature=1.0, top_k=None, top_p=None,
+        num_return_sequences=2, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        output = model.generate(**inputs, generation_config=config)
+    prompt_length = inputs["input_ids"].shape[1]
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for row, attention in zip(output, inputs["attention_mask"].repeat_interleave(2, dim=0)):
+            prompt = row[:prompt_length][attention.bool()]
+            completion = row[prompt_length:].tolist()
+            if tokenizer.eos_token_id in completion:
+                completion = completion[: completion.index(tokenizer.eos_token_id) + 1]
+            ids = torch.cat([prompt, torch.tensor(completion, dtype=row.dtype)]).unsqueeze(0)
+            p = torch.log_softmax(model(ids).logits[0].double(), -1)
+            q = torch.log_softmax(reference(ids).logits[0].double(), -1)
+            for position in range(len(prompt) - 1, len(prompt) - 1 + len(completion)):
+                total += float((p[position].exp() * (p[position] - q[position])).sum())
+                count += 1
+    assert count > len(pairs)
+    assert measured == pytest.approx(total / count, rel=1e-4)
+    assert measured > 0.01
+    assert evaluation.token_kl_to_reference(model, model, tokenizer, pairs, num_samples=2) == pytest.approx(0, abs=1e-6)

@@ -42,6 +42,11 @@ INVALID_CONFIGS = [
     (RPGConfig, dict(kl_anchor="reference", beta=0.0), "`kl_anchor='reference'` with `beta=0`"),
     (RPGConfig, dict(delta=2.0), "`delta` (INTELLECT-2 two-sided clipping) is not used by RPG"),
     (RPGConfig, dict(kl_level="prefix"), "`kl_level` must be one of 'token', 'sequence'; got 'prefix'"),
+    (
+        RPGConfig,
+        dict(kl_clip_mode="w_bar"),
+        "`kl_clip_mode` must be one of 'exact', 'truncated', 'clipped', 'stopped'; got 'w_bar'",
+    ),
     (RPGConfig, dict(kl_level="sequence", use_bias_correction_kl=False), "`kl_importance_weight=False` (GRPO's"),
     (RPGConfig, dict(kl_level="sequence", importance_sampling_level="sequence"), "`kl_level='sequence'` weights"),
     (RPGConfig, dict(rpg_clip="yes"), "`rpg_clip` must be a bool; got 'yes'"),
@@ -121,6 +126,7 @@ INVALID_CONFIGS = [
     (AsyncRPGConfig, dict(kl_anchor="initial"), "`kl_anchor` must be one of"),
     (AsyncRPGConfig, dict(kl_importance_weight=False, divergence="fkl"), "`kl_importance_weight=False` is the"),
     (AsyncRPGConfig, dict(kl_level="sequence"), "`kl_level='sequence'` is not available with AsyncRPGTrainer"),
+    (AsyncRPGConfig, dict(kl_clip_mode="none"), "`kl_clip_mode` must be one of"),
     (AsyncRPGConfig, dict(importance_weight_warning_threshold=1.0), "`importance_weight_warning_threshold` must be"),
     (AsyncRPGConfig, dict(kl_target=0.1), "`kl_target` (the adaptive KL coefficient) is not available with AsyncRPG"),
     (AsyncRPGConfig, dict(kl_horizon=100.0), "`kl_horizon` sets the adaptive KL coefficient, which only acts with"),
@@ -248,3 +254,20 @@ def test_dynamic_sampling_needs_whole_groups_on_each_process():
         with pytest.raises(ValueError, match="multiple of num_generations"):
             RPGConfig(**common, per_device_train_batch_size=2, dynamic_sampling=True)
         RPGConfig(**common, per_device_train_batch_size=2, dynamic_sampling=False)  # TRL's sampling copes
+
+
+def test_algorithm_1_reading_with_a_reference_model_warns_at_construction():
+    # kl_clip_mode="clipped" (the KL weight at the clipped ratio) can push the policy away from a reference that is not
+    # the sampling policy: said at construction. Not with the sampling anchor (r = 1, the sign never flips), nor with
+    # the other modes, nor without the clip.
+    from rpg_trl.losses import KLSignWarning
+
+    with pytest.warns(KLSignWarning, match="away from the reference"):
+        RPGConfig(**COMMON, kl_anchor="reference", beta=0.1, kl_clip_mode="clipped")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KLSignWarning)
+        RPGConfig(**COMMON, kl_anchor="sampling", beta=0.1, kl_clip_mode="clipped", steps_per_generation=4)
+        RPGConfig(**COMMON, kl_anchor="reference", beta=0.1, kl_clip_mode="clipped", rpg_clip=False)
+        for mode in ("exact", "truncated", "stopped"):
+            config = RPGConfig(**COMMON, kl_anchor="reference", beta=0.1, kl_clip_mode=mode)
+            assert config.rpg_loss_spec().kl_clip_mode == mode

@@ -33,10 +33,10 @@ def test_rising_kl_with_falling_entropy_warns_once_naming_the_settings():
         {"kl": 3.7, "entropy": 0.20, "importance_weight/max": 12.9},
         {"kl": 6.6, "entropy": 0.12, "importance_weight/max": 152.0},
     ]
-    monitor = KLDriftMonitor(4, clip_c=10.0, settings=SETTINGS)
+    monitor = KLDriftMonitor(16, clip_c=10.0, settings=SETTINGS)
     with pytest.warns(KLDriftWarning) as record:
-        warned = feed(monitor, batches)
-    assert warned == [17]  # the first step of batch 5: batches 1-4 are finished
+        warned = feed(monitor, batches, steps_per_generation=16)
+    assert warned == [65]  # the first step of batch 5: batches 1-4 are finished
     assert len(record) == 1
     message = str(record[0].message)
     for expected in ("0.04, 0.26, 0.72, 1.5", "kl_clip_mode='exact'", "learning_rate (now 0.002)", "beta (now 0.2)"):
@@ -66,16 +66,28 @@ def test_weights_far_beyond_c_with_a_rising_kl_warn():
         {"kl": 0.4, "entropy": 0.5, "importance_weight/max": 150.0},
         {"kl": 0.5, "entropy": 0.5, "importance_weight/max": 3.0},
     ]
-    monitor = KLDriftMonitor(2, clip_c=10.0, settings={**SETTINGS, "kl_clip_mode": "exact"})
+    monitor = KLDriftMonitor(8, clip_c=10.0, settings={**SETTINGS, "kl_clip_mode": "exact"})
     with pytest.warns(KLDriftWarning, match="reached 150, beyond 10 × clip_c = 100") as record:
-        assert feed(monitor, batches, steps_per_generation=2) == [7]
+        assert feed(monitor, batches, steps_per_generation=8) == [25]
     assert "kl_clip_mode='exact'" not in str(record[0].message)  # only the clipped reading gets that advice
     # The same weight with a falling KL is no signature.
-    monitor = KLDriftMonitor(2, clip_c=10.0, settings=SETTINGS)
+    monitor = KLDriftMonitor(8, clip_c=10.0, settings=SETTINGS)
     falling = [dict(b, kl=1.0 / (i + 1)) for i, b in enumerate(batches)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", KLDriftWarning)
-        assert feed(monitor, falling, steps_per_generation=2) == []
+        assert feed(monitor, falling, steps_per_generation=8) == []
+
+
+def test_short_generation_batches_are_grouped_into_periods_of_at_least_eight_steps():
+    # One optimizer step per generation batch: three rising steps in a row are noise, not a trend. The periods span 8
+    # steps, and the values of a period are averaged.
+    monitor = KLDriftMonitor(1, clip_c=10.0, settings=SETTINGS)
+    assert monitor.steps_per_generation == 8 and KLDriftMonitor(3, clip_c=10.0).steps_per_generation == 9
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KLDriftWarning)
+        rising_steps = [{"kl": 0.1 * 2**i, "entropy": 1.0 - 0.01 * i} for i in range(4)]
+        assert feed(monitor, rising_steps, steps_per_generation=1) == []
+    assert monitor.batches == []  # still inside the first period
 
 
 def test_the_trainer_watches_only_a_kl_to_a_reference(tiny_model_dir, tmp_path):
@@ -94,7 +106,7 @@ def test_the_trainer_watches_only_a_kl_to_a_reference(tiny_model_dir, tmp_path):
     reference._metrics["train"].update({"kl": [0.1, 0.3], "entropy": [0.5, 0.7], "importance_weight/max": [2.0, 9.0]})
     reference.state.global_step = 1
     reference.log({})
-    reference.state.global_step = 5  # the next generation batch (4 optimizer steps each): batch 1 is finished
+    reference.state.global_step = 9  # the next period (2 generation batches of 4 optimizer steps): period 1 is done
     reference._metrics["train"].update({"kl": [1.0], "entropy": [0.4], "importance_weight/max": [3.0]})
     reference.log({})
     assert monitor.batches == [{"kl": pytest.approx(0.2), "entropy": pytest.approx(0.6), "weight_max": 9.0}]

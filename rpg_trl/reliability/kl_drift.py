@@ -8,7 +8,8 @@ the reference rises generation batch after generation batch while the token entr
 `importance_weight/max`, grouped by generation batch, and warns once per run when
 
 * the mean `kl` rose, by more than [`KL_RISE`] relative each time, over [`KL_DRIFT_WINDOW`] consecutive generation
-  batches while the mean `entropy` fell at each of them, or
+  batches (periods of whole generation batches, at least [`MIN_PERIOD_STEPS`] optimizer steps) while the mean
+  `entropy` fell at each of them, or
 * the largest importance weight of a generation batch exceeded [`WEIGHT_FACTOR`] × `clip_c` while `kl` rose over the
   last two generation batches.
 
@@ -28,6 +29,9 @@ KL_DRIFT_WINDOW = 3
 KL_RISE = 0.25
 #: The second signature: the largest importance weight of a generation batch beyond this many times `clip_c`.
 WEIGHT_FACTOR = 10.0
+#: The fewest optimizer steps that one period of the monitor spans: with fewer steps per generation batch, consecutive
+#: generation batches are grouped, so that three rises in a row are a trend and not step-to-step noise.
+MIN_PERIOD_STEPS = 8
 
 
 class KLDriftWarning(UserWarning):
@@ -39,14 +43,17 @@ class KLDriftMonitor:
     to the reference stops holding (module docstring).
 
     Args:
-        steps_per_generation (`int`): optimizer steps served by one generation batch (logged values of the steps
-            `1 + g·n … (g + 1)·n` form batch g).
+        steps_per_generation (`int`): optimizer steps served by one generation batch; a period is the fewest whole
+            generation batches that span [`MIN_PERIOD_STEPS`] steps, n, and the logged values of the steps
+            `1 + g·n … (g + 1)·n` form period g.
         clip_c (`float`): the dual-clip bound c of the second signature.
         settings (`dict`): the configuration values the warning names (e.g. `kl_clip_mode`, `beta`, `learning_rate`).
     """
 
     def __init__(self, steps_per_generation: int, clip_c: float, settings: dict | None = None):
-        self.steps_per_generation = max(1, int(steps_per_generation))
+        # A period: whole generation batches, at least MIN_PERIOD_STEPS optimizer steps.
+        steps_per_generation = max(1, int(steps_per_generation))
+        self.steps_per_generation = steps_per_generation * math.ceil(MIN_PERIOD_STEPS / steps_per_generation)
         self.clip_c = clip_c
         self.settings = dict(settings or {})
         #: Finished generation batches: dicts with the mean `kl`, mean `entropy` and largest weight.
@@ -120,10 +127,16 @@ class KLDriftMonitor:
             f"{self.settings.get('steps_per_generation', '?')}), so that π_θ stays near the policy that sampled each "
             "batch"
         )
-        advice.append(
-            f"raise beta (now {self.settings.get('beta', '?')}) or set kl_target for an adaptive β, or sync the "
-            "reference with ref_model_sync_kl_threshold"
-        )
+        if self.settings.get("kl_target") is None:
+            advice.append(
+                f"raise beta (now {self.settings.get('beta', '?')}) or set kl_target for an adaptive β, or sync the "
+                "reference with ref_model_sync_kl_threshold"
+            )
+        else:
+            advice.append(
+                f"let the adaptive β react faster: lower kl_horizon (now {self.settings.get('kl_horizon', '?')}) or "
+                f"raise kl_beta_max (now {self.settings.get('kl_beta_max', '?')})"
+            )
         warnings.warn(
             f"The KL to the reference model is not holding the policy: over the last generation batches it rose ({kls}) "
             f"and {' and '.join(signs)}. This is the signature of a policy running away from its reference "
@@ -151,7 +164,15 @@ class KLDriftMonitorMixin:
                 config.clip_c,
                 {
                     name: getattr(config, name, None)
-                    for name in ("kl_clip_mode", "beta", "learning_rate", "steps_per_generation")
+                    for name in (
+                        "kl_clip_mode",
+                        "beta",
+                        "learning_rate",
+                        "steps_per_generation",
+                        "kl_target",
+                        "kl_horizon",
+                        "kl_beta_max",
+                    )
                 },
             )
 

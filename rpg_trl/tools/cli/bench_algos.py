@@ -86,7 +86,7 @@ PRESETS = {
         "algorithms": list(ALGORITHMS),
         "kl_arms": None,  # all of rpg_trl.tools.cli.bench_kl.KL_ARMS
         "kl_betas": [0.2],
-        "sweep_seeds": [2000, 2001, 2002],
+        "sweep_seeds": [2000, 2001],
         "sweep_betas": [0.05, 0.1, 0.2],
         "sweep_learning_rates": [1e-3, 2e-3],
     },

@@ -1,7 +1,7 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """rpg_trl: RPG (Regularized Policy Gradient) as a drop-in extension of TRL's GRPOTrainer."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .losses import (
     DIVERGENCES,

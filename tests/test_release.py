@@ -1,0 +1,55 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""The release files agree with the package: one version in `rpg_trl.__version__`, CITATION.cff and CHANGELOG.md; the
+license that setup.cfg declares is the LICENSE file it ships; CITATION.cff cites the paper as the README does; the
+README names the TRL release that setup.cfg pins. What the built sdist and wheel contain is checked by `.ci/wheel`."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+import rpg_trl
+
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUP = (ROOT / "setup.cfg").read_text()
+
+
+def _setup_value(key: str) -> str:
+    return re.search(rf"^{key}\s*=\s*(.+)$", SETUP, re.M).group(1).strip()
+
+
+def test_one_version_in_the_package_the_citation_and_the_changelog():
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    releases = re.findall(r"^## (\d+\.\d+\.\d+)\b", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert _setup_value("version") == "attr: rpg_trl.__version__"
+    assert citation["version"] == rpg_trl.__version__
+    assert releases[0] == rpg_trl.__version__, "CHANGELOG.md opens with another version than the package's"
+    assert releases == sorted(set(releases), key=lambda v: tuple(map(int, v.split("."))), reverse=True)
+
+
+def test_the_declared_license_is_the_shipped_apache_text():
+    license_text = (ROOT / "LICENSE").read_text()
+    assert _setup_value("license") == "Apache-2.0"
+    assert _setup_value("license_files") == "LICENSE"
+    assert license_text.split()[:4] == ["Apache", "License", "Version", "2.0,"]
+    assert "END OF TERMS AND CONDITIONS" in license_text
+    assert yaml.safe_load((ROOT / "CITATION.cff").read_text())["license"] == "Apache-2.0"
+    header = "# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.\n"
+    for path in (ROOT / "rpg_trl").rglob("*.py"):
+        assert path.read_text().startswith(header), f"{path.relative_to(ROOT)} lacks the license header"
+
+
+def test_the_citation_names_the_paper_as_the_readme_does():
+    paper = yaml.safe_load((ROOT / "CITATION.cff").read_text())["preferred-citation"]
+    bibtex = (ROOT / "README.md").read_text().split("## Citation", 1)[1]
+    fields = dict(re.findall(r"^\s*(\w+)\s*=\s*\{(.+)\},?$", bibtex, re.M))
+    assert paper["title"] == fields["title"]
+    assert [f"{a['given-names']} {a['family-names']}" for a in paper["authors"]] == fields["author"].split(" and ")
+    assert (paper["collection-title"], paper["year"]) == (fields["booktitle"], int(fields["year"]))
+
+
+def test_the_readme_names_the_pinned_trl():
+    pin = re.search(r"^\s*(trl==\S+)\s*$", SETUP, re.M).group(1)
+    readme = (ROOT / "README.md").read_text()
+    assert f"`{pin}`" in readme and "rpg_trl/trl_surface.py" in readme

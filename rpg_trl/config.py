@@ -242,7 +242,8 @@ class RPGLossArguments:
                 f"kl_clip_mode={self.kl_clip_mode!r} with kl_anchor='reference' takes the KL weight at the clipped "
                 "importance weight; where the reference is not the sampling policy that weight can have the opposite "
                 "sign of the exact one, and the KL then pushes the policy away from the reference on tokens outside the "
-                f"trust region (docs/design.md). Use kl_clip_mode={DEFAULT_KL_CLIP_MODE!r} (the default) or 'truncated'.",
+                "trust region (docs/design.md). Use a mode that keeps the sign: kl_clip_mode='truncated' (the default) or "
+                "'exact'.",
                 KLSignWarning,
                 stacklevel=4,
             )
@@ -412,10 +413,11 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             `"sequence"`: the exact gradient of the divergence between whole completions, with prefix ratios
             π_θ(y≤t)/π_old(y≤t) (clipped to the trust region with `rpg_clip`); exact with `loss_type="luspo"`
             (aggregation `"seq-mean-token-sum"`). See docs/design.md.
-        kl_clip_mode (`str`, *optional*, defaults to `"exact"`):
+        kl_clip_mode (`str`, *optional*, defaults to `"truncated"`):
             How RPG-Style Clip treats the KL weight outside the trust region (the reward term is clipped in every
-            mode): `"exact"` (the unclipped ratio: the authors' code, TRL, slime), `"truncated"` (the ratio inside the
-            KL weight capped at `clip_c`, its sign kept), `"clipped"` (at clip(w, 1 − ε, 1 + ε_high), Algorithm 1
+            mode): `"truncated"` (the ratio inside the KL weight capped at `clip_c`, its sign kept; the default, chosen
+            on the KL table of docs/bench_algos.md), `"exact"` (the unclipped ratio: the authors' code, TRL, slime),
+            `"clipped"` (at clip(w, 1 − ε, 1 + ε_high), Algorithm 1
             literally, rpg_trl 0.1.0: it can push the policy away from a reference model, and warns so) or `"stopped"`
             (no KL gradient where the reward term is clipped, Algorithm 2). See docs/design.md.
         aggregation (`str` or `None`, *optional*, defaults to `None`):

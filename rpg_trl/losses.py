@@ -198,7 +198,7 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 #: completion up to each token (the exact gradient of the divergence between whole completions; docs/design.md).
 KL_LEVELS = ("token", "sequence")
 #: The default of `kl_clip_mode` (a key of [`KL_CLIP_MODES`]), chosen on the KL table of docs/bench_algos.md.
-DEFAULT_KL_CLIP_MODE = "exact"
+DEFAULT_KL_CLIP_MODE = "truncated"
 
 
 class KLSignWarning(UserWarning):
@@ -804,7 +804,7 @@ def rpg_per_token_loss(
             f"kl_clip_mode={spec.kl_clip_mode!r} takes the KL weight at the clipped importance weight, and with a "
             "reference that is not the sampling policy (ref_logps given) that weight can have the opposite sign of the "
             "exact one: the KL term then pushes π_θ away from π_ref on tokens outside the trust region "
-            f"(docs/design.md). Use kl_clip_mode={DEFAULT_KL_CLIP_MODE!r} (the default) or 'truncated' to keep the sign.",
+            f"(docs/design.md). Use a mode that keeps the sign: kl_clip_mode='truncated' (the default) or 'exact'.",
             KLSignWarning,
             stacklevel=2,
         )

@@ -120,7 +120,7 @@ class KLDriftMonitor:
         if self.settings.get("kl_clip_mode") == "clipped":
             advice.append(
                 "kl_clip_mode='clipped' (Algorithm 1's reading) can push tokens away from the reference: use "
-                "kl_clip_mode='exact'"
+                "kl_clip_mode='truncated' (the default) or 'exact'"
             )
         advice.append(
             f"lower learning_rate (now {self.settings.get('learning_rate', '?')}) or steps_per_generation (now "

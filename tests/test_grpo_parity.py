@@ -23,11 +23,11 @@ from helpers.tiny_runs import (
 COINCIDING_RPG = dict(estimator="differentiable", divergence="urkl", clip_c=1e9)
 
 
-def _pair(model_dir, tmp_path, loss_type, beta, **shared):
+def _pair(model_dir, tmp_path, loss_type, beta, rpg_only=None, **shared):
     shared = dict(epsilon=0.2, epsilon_high=0.28, scale_rewards="group", loss_type=loss_type, **shared)
     grpo = make_trainer(model_dir, tmp_path / "g", GRPOTrainer, GRPOConfig, beta=beta, **shared)
     anchor = dict(kl_anchor="reference") if beta else {}
-    rpg = make_trainer(model_dir, tmp_path / "r", beta=beta, **anchor, **COINCIDING_RPG, **shared)
+    rpg = make_trainer(model_dir, tmp_path / "r", beta=beta, **anchor, **COINCIDING_RPG, **(rpg_only or {}), **shared)
     for p_g, p_r in zip(grpo.model.parameters(), rpg.model.parameters()):
         assert torch.equal(p_g, p_r)
     return grpo, rpg
@@ -87,14 +87,17 @@ def test_ppo_clip_equals_grpo_trainer_outside_the_trust_region(tiny_model_dir, t
 def test_exact_kl_weight_equals_grpo_trainer_bias_corrected_k3_outside_the_trust_region(
     tiny_model_dir, tmp_path, loss_type
 ):
-    # kl_clip_mode="exact" (the default) takes the KL term at the unclipped w on every token, as TRL adds
-    # `use_bias_correction_kl`'s w·k3 after its clip: with ratios far outside the trust region the loss and the
-    # gradient are GRPOTrainer's. Algorithm 1's reading ("clipped") is not: it is a different loss there.
-    grpo, rpg = _pair(tiny_model_dir, tmp_path, loss_type, beta=0.1)
-    assert rpg.args.kl_clip_mode == "exact" and grpo.args.use_bias_correction_kl
-    inputs = fixed_inputs(grpo, spread=0.6)
-    _assert_same(grpo, rpg, inputs)
-    assert rpg._metrics["train"]["clip_ratio/region_mean"][-1] > 0.1  # the clip acts on this batch
+    # kl_clip_mode="exact" takes the KL term at the unclipped w on every token, as TRL adds `use_bias_correction_kl`'s
+    # w·k3 after its clip: with ratios far outside the trust region the loss and the gradient are GRPOTrainer's. So
+    # does the default, "truncated", while every w ≤ clip_c (here w ≤ e^0.6). Algorithm 1's reading ("clipped") is not:
+    # it is a different loss there.
+    inputs = None
+    for mode in ("exact", "truncated"):
+        grpo, rpg = _pair(tiny_model_dir, tmp_path / mode, loss_type, beta=0.1, rpg_only={"kl_clip_mode": mode})
+        assert rpg.loss_spec.kl_clip_mode == mode and grpo.args.use_bias_correction_kl
+        inputs = inputs or fixed_inputs(grpo, spread=0.6)
+        _assert_same(grpo, rpg, inputs)
+        assert rpg._metrics["train"]["clip_ratio/region_mean"][-1] > 0.1  # the clip acts on this batch
     rpg.loss_spec = rpg.loss_spec.replace(kl_clip_mode="clipped")
     with pytest.raises(AssertionError, match="gradient"):
         _assert_same(grpo, rpg, inputs)

@@ -24,7 +24,8 @@ def feed(monitor, per_batch, steps_per_generation=4, first_step=1):
 
 def test_rising_kl_with_falling_entropy_warns_once_naming_the_settings():
     # The first KL table's RPG-URKL per token, generation by generation: KL 0.04, 0.26, 0.72, 1.5, 3.7 and entropy
-    # 0.51, 0.46, 0.45, 0.31, 0.20. The fourth batch is the third rise in a row: it is known when batch 5 starts.
+    # 0.51, 0.46, 0.45, 0.31, 0.20. Leaving out the first batch, the KL at least doubles twice in a row by batch 4
+    # (0.26 -> 0.72 -> 1.5): known when batch 5 starts.
     batches = [
         {"kl": 0.04, "entropy": 0.51, "importance_weight/max": 4.0},
         {"kl": 0.26, "entropy": 0.46, "importance_weight/max": 22.7},
@@ -39,7 +40,7 @@ def test_rising_kl_with_falling_entropy_warns_once_naming_the_settings():
     assert warned == [65]  # the first step of batch 5: batches 1-4 are finished
     assert len(record) == 1
     message = str(record[0].message)
-    for expected in ("0.04, 0.26, 0.72, 1.5", "kl_clip_mode='truncated'", "learning_rate (now 0.002)", "beta (now 0.2)"):
+    for expected in ("went 0.26, 0.72, 1.5", "kl_clip_mode='truncated'", "learning_rate (now 0.002)", "beta (now 0.2)"):
         assert expected in message
 
 
@@ -58,24 +59,28 @@ def test_a_kl_that_holds_or_oscillates_does_not_warn():
         assert [b["kl"] for b in monitor.batches] == pytest.approx([kl for kl, _ in series[:-1]])
 
 
-def test_weights_far_beyond_c_with_a_rising_kl_warn():
-    # Entropy flat (no first signature), the KL rising over two batches and a weight of 150 > 10·c = 100.
+def test_weights_far_beyond_c_twice_with_a_rising_kl_warn():
+    # The KL rises slowly (never doubling) while the largest weight is 150 > 10·c = 100 in batches 2 and 3.
     batches = [
-        {"kl": 0.1, "entropy": 0.5, "importance_weight/max": 5.0},
-        {"kl": 0.2, "entropy": 0.5, "importance_weight/max": 8.0},
-        {"kl": 0.4, "entropy": 0.5, "importance_weight/max": 150.0},
-        {"kl": 0.5, "entropy": 0.5, "importance_weight/max": 3.0},
+        {"kl": 0.10, "entropy": 0.5, "importance_weight/max": 5.0},
+        {"kl": 0.12, "entropy": 0.5, "importance_weight/max": 5.0},
+        {"kl": 0.15, "entropy": 0.5, "importance_weight/max": 150.0},
+        {"kl": 0.20, "entropy": 0.5, "importance_weight/max": 150.0},
+        {"kl": 0.25, "entropy": 0.5, "importance_weight/max": 3.0},
     ]
     monitor = KLDriftMonitor(8, clip_c=10.0, settings={**SETTINGS, "kl_clip_mode": "exact"})
-    with pytest.warns(KLDriftWarning, match="reached 150, beyond 10 × clip_c = 100") as record:
-        assert feed(monitor, batches, steps_per_generation=8) == [25]
+    with pytest.warns(KLDriftWarning, match="reached 150, beyond 10 × clip_c = 100, twice in a row") as record:
+        assert feed(monitor, batches, steps_per_generation=8) == [33]  # batch 4 (0-based 3) done
     assert "kl_clip_mode=" not in str(record[0].message)  # only the clipped reading gets that advice
-    # The same weight with a falling KL is no signature.
-    monitor = KLDriftMonitor(8, clip_c=10.0, settings=SETTINGS)
-    falling = [dict(b, kl=1.0 / (i + 1)) for i, b in enumerate(batches)]
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", KLDriftWarning)
-        assert feed(monitor, falling, steps_per_generation=8) == []
+    # One spike, or weights that high while the KL falls, are no signature.
+    for series in (
+        [dict(b, **{"importance_weight/max": 5.0 if i != 3 else 150.0}) for i, b in enumerate(batches)],
+        [dict(b, kl=1.0 / (i + 1)) for i, b in enumerate(batches)],
+    ):
+        monitor = KLDriftMonitor(8, clip_c=10.0, settings=SETTINGS)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", KLDriftWarning)
+            assert feed(monitor, series, steps_per_generation=8) == []
 
 
 def test_short_generation_batches_are_grouped_into_periods_of_at_least_eight_steps():

@@ -24,8 +24,11 @@ from transformers.trainer_utils import rotate_checkpoints
 from rpg_trl.reliability import RewardFunctionError, RewardGuard
 from rpg_trl.reliability.checkpoints import (
     COMMIT_RECORD,
+    begin_checkpoint,
     checkpoint_problems,
+    commit_checkpoint,
     last_complete_checkpoint,
+    mark_being_written,
     resolve_resume_checkpoint,
     rotate_complete_checkpoints,
 )
@@ -63,10 +66,18 @@ def test_a_checkpoint_counts_when_committed_or_when_transformers_finished_it(tmp
     truncated = _folder(
         tmp_path, 7, [*transformers_done[:-1], ("trainer_state.json", "")], {"complete": True, "files": files}
     )
-    zero3 = _folder(tmp_path, 8, ["global_step8/zero_pp_rank_0_mp_rank_00_optim_states.pt", "trainer_state.json"])
+    zero3 = _folder(
+        tmp_path,
+        8,
+        ["global_step8/zero_pp_rank_0_mp_rank_00_optim_states.pt", "rng_state_0.pth", "rng_state_1.pth"]
+        + ["trainer_state.json"],
+    )
 
     assert checkpoint_problems(legacy) == checkpoint_problems(committed) == checkpoint_problems(zero3) == []
-    assert checkpoint_problems(legacy_half) == ["trainer_state.json"]
+    assert checkpoint_problems(legacy_half) == [
+        "trainer_state.json",
+        "the RNG state (rng_state.pth, or rng_state_{rank}.pth of each process)",
+    ]
     assert checkpoint_problems(legacy_ranks) == ["rng_state_1.pth"]
     assert checkpoint_problems(pending) == [
         f"its commit ({COMMIT_RECORD} says the save did not finish)",
@@ -98,6 +109,85 @@ def test_a_checkpoint_counts_when_committed_or_when_transformers_finished_it(tmp
     assert resolve_resume_checkpoint(None, str(tmp_path)) is None and resolve_resume_checkpoint(False, "x") is None
     with pytest.raises(ValueError, match=r"No complete checkpoint found .*checkpoint-2"):
         resolve_resume_checkpoint(True, str(_only(tmp_path / "other", legacy_half)))
+
+
+def test_without_a_record_what_transformers_writes_is_checked_and_the_resuming_ranks_rng_files_are_named(
+    tmp_path, caplog
+):
+    """A checkpoint of a trainer that does not commit lacks the optimizer state, the RNG state, or a rank's RNG file
+    (one process writes rng_state.pth, so rng_state_0.pth alone lacks rank 1's); and a resume whose processes find no
+    RNG file of their own is named in a warning (transformers would continue them with fresh random state)."""
+    state = ["model.safetensors", "scheduler.pt", "trainer_state.json"]
+    no_optimizer = _folder(tmp_path, 1, [*state, "rng_state.pth"])
+    no_rng = _folder(tmp_path, 2, [*state, "optimizer.pt"])
+    rank_0_only = _folder(tmp_path, 3, [*state, "optimizer.pt", "rng_state_0.pth"])
+    two_ranks = _folder(tmp_path / "two", 4, [*state, "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"])
+    assert checkpoint_problems(no_optimizer) == [
+        "the optimizer state (optimizer.pt or the DeepSpeed/FSDP optimizer files)"
+    ]
+    assert checkpoint_problems(no_rng) == ["the RNG state (rng_state.pth, or rng_state_{rank}.pth of each process)"]
+    assert checkpoint_problems(rank_0_only) == ["rng_state_1.pth"]
+    assert checkpoint_problems(two_ranks) == []
+
+    with caplog.at_level(logging.WARNING):
+        for world_size in (2, 3, 1):
+            assert resolve_resume_checkpoint(True, str(tmp_path / "two"), world_size) == two_ranks
+    (three, one) = [m for m in rpg_warnings(caplog) if m.startswith("Resuming from")]
+    assert f"{two_ranks} with 3 process(es), but it has no rng_state_2.pth" in three and "fresh random state" in three
+    assert "with 1 process(es), but it has no rng_state.pth" in one
+    committed = _folder(tmp_path / "c", 5, ["rng_state.pth"], {"complete": True, "world_size": 1, "files": {}})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        resolve_resume_checkpoint(committed, "x", world_size=2)
+    (warning,) = rpg_warnings(caplog)
+    assert "no rng_state_0.pth, rng_state_1.pth (it was written by 1 process(es))" in warning
+
+
+def _saver(tmp_path, **args):
+    """The parts of a trainer that the commit uses, for 1 process."""
+    defaults = dict(should_save=True, world_size=1, process_index=0, save_only_model=False)
+    return SimpleNamespace(
+        args=SimpleNamespace(**{**defaults, **args}),
+        state=SimpleNamespace(global_step=4),
+        accelerator=SimpleNamespace(wait_for_everyone=lambda: None),
+    )
+
+
+def test_a_save_over_a_folder_left_at_its_step_starts_clean(tmp_path, caplog):
+    """checkpoint-4 left incomplete by a 2-process save, saved again by 1 process: what the earlier save left is
+    removed once the record says the folder is being written, so the commit lists the new save's files alone; RPG's
+    reference, written before `begin_checkpoint`, stays."""
+    old_files = [
+        "model.safetensors",
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+        "global_step4/zero_pp_rank_1_optim_states.pt",
+    ]
+    checkpoint = _folder(tmp_path, 4, old_files, {"complete": False, "world_size": 2})
+    trainer = _saver(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        mark_being_written(trainer, checkpoint)  # RPG's synced reference comes first
+        assert sorted(os.listdir(checkpoint)) == [COMMIT_RECORD]
+        (tmp_path / "checkpoint-4" / "rpg_reference.safetensors").write_text("ref")
+        begin_checkpoint(trainer, checkpoint)
+        for name in ("model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"):
+            (tmp_path / "checkpoint-4" / name).write_text("new!")
+        commit_checkpoint(trainer, checkpoint)
+    record = json.loads((tmp_path / "checkpoint-4" / COMMIT_RECORD).read_text())
+    assert record["complete"] and record["files"] == {
+        "rpg_reference.safetensors": 3,
+        **dict.fromkeys(["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"], 4),
+    }
+    (warning,) = rpg_warnings(caplog)
+    assert warning == (
+        f"Saving {checkpoint} again: removed what an earlier save left there first (global_step4, "
+        "model.safetensors, rng_state_0.pth, rng_state_1.pth)."
+    )
+    # The next save at another step starts clean as well; a folder that does not exist yet is no leftover.
+    trainer.state.global_step = 6
+    caplog.clear()
+    begin_checkpoint(trainer, str(tmp_path / "checkpoint-6"))
+    assert os.listdir(tmp_path / "checkpoint-6") == [COMMIT_RECORD] and not rpg_warnings(caplog)
 
 
 def _only(root, folder):

@@ -181,7 +181,14 @@ def direct_logps(model, output, temperature=1.0):
 
 
 def max_gap(a, b, mask):
-    return ((a - b).abs() * mask).nan_to_num(0.0).max().item()
+    """max |a - b| over the tokens of `mask`, which must hold at least one, with every compared value finite (vLLM
+    gives NaN for a token it could not score, and TRL's own metrics leave such tokens out: a vLLM that returned no
+    log-probs would otherwise compare as equal)."""
+    keep = mask.bool()
+    a, b = a[keep], b[keep]
+    assert a.numel() > 0, "no completion token to compare"
+    assert a.isfinite().all() and b.isfinite().all(), f"non-finite log-probs: {a.tolist()} / {b.tolist()}"
+    return (a - b).abs().max().item()
 
 
 def vllm_args(tmp_path, mode, server=None, **overrides):
@@ -498,6 +505,7 @@ def launch_rpg_math(tmp_path, name, model, train, script_args, config=None, proc
         PYTHONPATH=LAUNCH_PYTHONPATH,
         RPG_VLLM_CPU_BRIDGES="1",
         RPG_LAUNCH_REPORT=str(output_dir / "backend"),
+        RPG_VLLM_RECORD=str(output_dir / "vllm_logps"),
         OMP_NUM_THREADS="1",
         HF_DATASETS_OFFLINE="1",
         WANDB_DISABLED="true",
@@ -549,9 +557,12 @@ def rpg_math_history(output_dir, checkpoint="checkpoint-4"):
     return [entry for entry in state["log_history"] if "loss" in entry]
 
 
-def assert_vllm_agreed(history, generation_steps):
+def assert_vllm_agreed(history, generation_steps, run=None, processes=2):
     """At every logged step that generated (the first of each generation batch), vLLM's log-probs of the sampled tokens
-    equal the trainer's (TRL's logged gap and importance-sampling ratio, over both processes)."""
+    equal the trainer's (TRL's logged gap and importance-sampling ratio, over both processes). With the folder `run` of
+    a launch, also at every generation of every process, as each recorded it (`RPG_VLLM_RECORD`): every round of
+    dynamic sampling of each generation step, with completion tokens, all of their log-probs finite on both sides
+    (TRL's metrics leave NaN tokens out and report 0.0 when none is left), within 1e-4."""
     generated = [entry["step"] for entry in history if "sampling/sampling_logp_difference/max" in entry]
     assert generated == generation_steps, generated
     for entry in history:
@@ -559,6 +570,18 @@ def assert_vllm_agreed(history, generation_steps):
             assert entry["sampling/sampling_logp_difference/max"] <= LOGP_TOL, entry
             for key in ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max"):
                 assert abs(entry[key] - 1.0) <= 2 * LOGP_TOL, (key, entry)
+    if run is None:
+        return
+    # Generation for step s happens at global step s - 1, once per round of dynamic sampling (1 without it).
+    rounds = {entry["step"]: int(entry.get("dynamic_sampling/rounds", 1)) for entry in history}
+    expected = [step - 1 for step in generation_steps for _ in range(rounds[step])]
+    for rank in range(processes):
+        records = [json.loads(line) for line in (run / "vllm_logps" / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == expected, (rank, records)
+        for record in records:
+            assert record["old_logps"] and record["tokens"] > 0, (rank, record)
+            assert record["finite_vllm"] == record["finite_trainer"] == record["tokens"], (rank, record)
+            assert record["max_gap"] <= LOGP_TOL, (rank, record)
 
 
 def policy_moved(initial_dir, updated_dir):
@@ -605,7 +628,7 @@ def test_rpg_math_recipe_topology_zero2_colocated_vllm_two_processes_and_resume(
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
     assert all(math.isfinite(entry["loss"]) for entry in history)
     assert [entry.get("dynamic_sampling/rounds") for entry in history if entry["step"] in (1, 3)] == [2.0, 2.0]
-    assert_vllm_agreed(history, [1, 3])
+    assert_vllm_agreed(history, [1, 3], run)
     # The second generation (before step 3) was sampled after 2 updates: log-probs moved far beyond the 1e-4 agreement,
     # so a missed sync would have shown (the initial model against checkpoint-2's, on one prompt + completion).
     initial = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32)
@@ -628,7 +651,7 @@ def test_rpg_math_recipe_topology_zero2_colocated_vllm_two_processes_and_resume(
     assert output.count("{'loss'") == 2  # steps 3 and 4 only
     history = rpg_math_history(resumed)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]  # steps 1-2 from checkpoint-2's state
-    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3])
+    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3], resumed)
     _processes(Run(resumed, output), "DEEPSPEED")
 
 
@@ -656,7 +679,7 @@ def test_rpg_math_zero3_two_processes_with_a_vllm_server_and_kl_triggered_refere
     _sharded(reports, "reference", full_numel)
     history = rpg_math_history(run)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
-    assert_vllm_agreed(history, [1, 3])
+    assert_vllm_agreed(history, [1, 3], run)
     # The KL at each generation boundary (steps 2 and 4) is far above 1e-6: the reference was synced at both, and in
     # checkpoint-2 it is the policy of that step, which moved away from the initial model.
     assert [entry["kl"] > 1e-6 for entry in history] == [False, True, False, True], history
@@ -696,7 +719,7 @@ def test_rpg_math_fsdp2_two_processes_with_a_vllm_server_and_resume(vllm_server,
     history = rpg_math_history(run)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
     assert all(math.isfinite(entry["loss"]) for entry in history)
-    assert_vllm_agreed(history, [1, 3])
+    assert_vllm_agreed(history, [1, 3], run)
     # Between the two generations the policy moved far beyond the 1e-4 agreement: a missed sync would have shown.
     assert policy_moved(vllm_model, run / "checkpoint-2") > 1e-2
 
@@ -709,7 +732,7 @@ def test_rpg_math_fsdp2_two_processes_with_a_vllm_server_and_resume(vllm_server,
     _processes(Run(resumed, output), "FSDP")
     history = rpg_math_history(resumed)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
-    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3])
+    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3], resumed)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the test extra)")
@@ -755,7 +778,7 @@ def test_rpg_math_lora_two_processes_with_a_vllm_server_and_resume_equals_the_un
     history = rpg_math_history(run)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
     assert all(math.isfinite(entry["loss"]) for entry in history)
-    assert_vllm_agreed(history, [1, 3])
+    assert_vllm_agreed(history, [1, 3], run)
     # The merged adapter of step 2 moves the log-probs far beyond the 1e-4 agreement: a missed sync would have shown.
     assert policy_moved(vllm_model, merged_lora(vllm_model, run / "checkpoint-2")) > 1e-2
 
@@ -768,7 +791,7 @@ def test_rpg_math_lora_two_processes_with_a_vllm_server_and_resume_equals_the_un
     _processes(Run(resumed, output), "DEEPSPEED")
     resumed_history = rpg_math_history(resumed)
     assert [entry["step"] for entry in resumed_history] == [1, 2, 3, 4]
-    assert_vllm_agreed([entry for entry in resumed_history if entry["step"] > 2], [3])
+    assert_vllm_agreed([entry for entry in resumed_history if entry["step"] > 2], [3], resumed)
     # Steps 3-4 and the final adapter equal the uninterrupted run's (64 float32 ε, norm-relative, as
     # tests/test_launch_configs.py compares runs).
     for key in ("loss", "kl", "grad_norm"):
@@ -826,6 +849,7 @@ def sampler_versions(sample, models, tol=LOGP_TOL):
     ids = torch.tensor(sample.input_ids, dtype=torch.long)
     positions = torch.nonzero(torch.tensor(sample.completion_mask)).flatten()
     vllm = torch.tensor(sample.old_log_probs, dtype=torch.float32)[positions]
+    assert len(positions) > 0 and vllm.isfinite().all(), ("no completion token, or non-finite log-probs", vllm)
     direct = {}
     for version in range(sample.model_version, len(models)):
         logits = models[version](input_ids=ids[None]).logits[0].float()

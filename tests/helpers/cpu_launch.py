@@ -8,7 +8,8 @@ In each launched process it applies the shims below, then runs the script with i
 `accelerate launch SCRIPT` would. With `RPG_LAUNCH_REPORT=DIR` set, each process also writes what it really ran
 (`DIR/rank{R}.json`: distributed type, process count, how the parameters are laid out, which `rpg_trl` it imported),
 for `tests/test_launch_configs.py` to tell a run that sharded from a silent fallback; with `RPG_VLLM_RECORD=DIR`, how
-vLLM's log-probs compared with the trainer's at every generation (`DIR/rank{R}.jsonl`). Test-side only: nothing in `rpg_trl/` imports this file.
+vLLM's log-probs compared with the trainer's at every generation (`DIR/rank{R}.jsonl`); with
+`RPG_TEST_KILL_SERVER=PGID:N:STAMP`, the vLLM server is killed in the middle of a request. Test-side only: nothing in `rpg_trl/` imports this file.
 """
 
 import importlib
@@ -121,6 +122,34 @@ def record_vllm_logps(directory: str) -> None:
     GRPOTrainer._generate_and_score_completions = recorded
 
 
+def kill_server_mid_request(spec: str) -> None:
+    """The fault, from the main process: `PGID:N:STAMP` kills the vLLM server's process group (SIGKILL) right after
+    the N-th generation request (`/v1/completions`) has been sent to it, before its answer (the request is in flight), and writes the
+    time of the kill (`time.time()`) to the file STAMP. TRL's client then retries 5 times, 2 to 32 s apart (about a
+    minute); the retries are made back to back here, so that the test measures what follows them."""
+    import signal
+    import time
+
+    from urllib3.connection import HTTPConnection
+    from urllib3.util.retry import Retry
+
+    pgid, nth, stamp = spec.split(":", 2)
+    request, sent = HTTPConnection.request, []
+
+    def request_then_kill(self, method, url, *args, **kwargs):
+        result = request(self, method, url, *args, **kwargs)
+        if url.rstrip("/").endswith("/v1/completions"):  # TRL's `VLLMClient.generate`
+            sent.append(url)
+            if len(sent) == int(nth):
+                os.killpg(int(pgid), signal.SIGKILL)
+                with open(stamp, "w") as f:
+                    f.write(repr(time.time()))
+        return result
+
+    HTTPConnection.request = request_then_kill
+    Retry.get_backoff_time = lambda self: 0.0
+
+
 def main() -> None:
     skip_deepspeed_shm_build()
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
@@ -129,6 +158,8 @@ def main() -> None:
         report_backend(os.environ["RPG_LAUNCH_REPORT"])
     if os.environ.get("RPG_VLLM_RECORD"):
         record_vllm_logps(os.environ["RPG_VLLM_RECORD"])
+    if os.environ.get("RPG_TEST_KILL_SERVER"):
+        kill_server_mid_request(os.environ["RPG_TEST_KILL_SERVER"])
     script = os.path.abspath(sys.argv[1])
     sys.argv = [script, *sys.argv[2:]]
     sys.path[0] = os.path.dirname(script)  # as when the script is run directly (rpg_math imports its sibling)

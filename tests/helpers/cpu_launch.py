@@ -125,8 +125,8 @@ def record_vllm_logps(directory: str) -> None:
 def kill_server_mid_request(spec: str) -> None:
     """The fault, from the main process: `PGID:N:STAMP` kills the vLLM server's process group (SIGKILL) right after
     the N-th generation request (`/v1/completions`) has been sent to it, before its answer (the request is in flight), and writes the
-    time of the kill (`time.time()`) to the file STAMP. TRL's client then retries 5 times, 2 to 32 s apart (about a
-    minute); the retries are made back to back here, so that the test measures what follows them."""
+    time of the kill (`time.time()`) to the file STAMP. TRL's client then retries 5 times with an exponential back-off
+    (about a minute); the retries are made back to back here, so that the test measures what follows them."""
     import signal
     import time
 

@@ -514,16 +514,19 @@ def launch_rpg_math(
     return output_dir, output
 
 
-def accelerate_launch(tmp_path, name, output_dir, script, config=None, processes=1, timeout=300, fails=False, **env):
+def accelerate_launch(
+    tmp_path, name, output_dir, script, config=None, processes=1, timeout=300, fails=False, bridges=True, **env
+):
     """`accelerate launch [--config_file accelerate_configs/<config>] tests/helpers/cpu_launch.py SCRIPT...` with
-    `processes` CPU processes, the trainer-side CPU stand-ins installed in each (`vllm_cpu_site`), and each process
-    reporting what it ran (`RPG_LAUNCH_REPORT`, read by `test_launch_configs._processes`) and how vLLM's log-probs
-    compared with its own (`RPG_VLLM_RECORD`), under `output_dir`. Returns the launcher's output; the launch must
-    succeed, or fail when `fails`. `env`: more variables for the processes."""
+    `processes` CPU processes, the trainer-side CPU stand-ins of `GRPOTrainer`'s vLLM generation installed in each
+    (`vllm_cpu_site`; not with `bridges=False`), and each process reporting what it ran (`RPG_LAUNCH_REPORT`, read by
+    `test_launch_configs._processes`) and how vLLM's log-probs compared with its own (`RPG_VLLM_RECORD`), under
+    `output_dir`. Returns the launcher's output; the launch must succeed, or fail when `fails`. `env`: more variables
+    for the processes."""
     env = vllm_cpu_env(
         tmp_path,
         PYTHONPATH=LAUNCH_PYTHONPATH,
-        RPG_VLLM_CPU_BRIDGES="1",
+        RPG_VLLM_CPU_BRIDGES="1" if bridges else "0",
         RPG_LAUNCH_REPORT=str(output_dir / "backend"),
         RPG_VLLM_RECORD=str(output_dir / "vllm_logps"),
         OMP_NUM_THREADS="1",
@@ -878,7 +881,8 @@ def launch_async_rpg(tmp_path, name, model, server, *script_args, processes=2, c
     output_dir = tmp_path / name
     script = [str(TESTS_DIR / "helpers" / "async_vllm_worker.py"), str(model), server.url, str(output_dir)]
     script += [str(output_dir / "record"), *script_args]
-    output = accelerate_launch(tmp_path, name, output_dir, script, config, processes, timeout=400)
+    # AsyncGRPOTrainer's vLLM pieces are the test's weight transfer and TRL's worker: no GRPOTrainer stand-ins needed.
+    output = accelerate_launch(tmp_path, name, output_dir, script, config, processes, timeout=400, bridges=False)
     record = output_dir / "record"
     logged = json.loads((record / "history.json").read_text())
     sent = torch.load(record / "sent.pt", weights_only=True)

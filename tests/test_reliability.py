@@ -358,3 +358,46 @@ print("done")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split("\n")[:2] == ["done", "initialized after release: False"], proc.stdout
+
+
+# ==================================================================================================== vllm_server
+_FAILURE_SCRIPT = """
+import os, sys, time
+from types import SimpleNamespace
+import torch.distributed as dist
+from rpg_trl.reliability import vllm_server
+
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+accelerator = SimpleNamespace(num_processes=2, is_main_process=rank == 0, process_index=rank)
+trainer = SimpleNamespace(accelerator=accelerator, args=SimpleNamespace(use_vllm=False))
+print("watching:", vllm_server.watch_for_server_failure(trainer, "http://127.0.0.1:1"), flush=True)
+dist.barrier()  # the watcher is registered
+if rank == 1:
+    dist.barrier()  # waits for the main process, which never comes: the server's answer it would broadcast
+    sys.exit("process 1 left the barrier")
+started = time.monotonic()
+vllm_server.tell_other_processes(trainer, "The vLLM server at http://127.0.0.1:1 stopped answering (test)")
+print(f"told in {time.monotonic() - started:.2f} s", flush=True)
+os._exit(0)
+"""
+
+
+def test_every_process_learns_of_a_vllm_server_failure_posted_by_the_main_process():
+    """Process 1 waits in a collective for the main process, which posts a failure of the vLLM server instead: the
+    watcher of process 1 logs it as its own error and ends the process (status 1), and the main process goes on once
+    process 1 has taken note (well under `NOTICE_TIMEOUT`). The end to end run (2 processes, server killed in the
+    middle of a request) is in `tests/test_vllm.py`."""
+    port = str(free_port())
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _FAILURE_SCRIPT, str(rank), port], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]  # fmt: skip
+    (out0, err0), (out1, err1) = (proc.communicate(timeout=120) for proc in procs)
+    assert procs[0].returncode == 0, err0[-3000:]
+    assert procs[1].returncode == 1, out1 + err1[-3000:]
+    assert out0.startswith("watching: False") and out1.startswith("watching: True")  # only the others watch
+    assert "VLLMServerError on process 1: The vLLM server at http://127.0.0.1:1 stopped answering (test)" in err1
+    told = float(out0.split("told in ")[1].split(" s")[0])
+    assert told < 5.0, told  # the note came back (NOTICE_TIMEOUT is 10 s)

@@ -213,20 +213,27 @@ def _store():
         return None
 
 
-def watch_for_server_failure(trainer) -> bool:
+def watch_for_server_failure(trainer, url: str | None = None) -> bool:
     """On every process but the main one of a multi-process server-mode run: start a daemon thread that waits for
     the main process to post, at [`FAILURE_KEY`] of the process group's store, that the vLLM server failed in the
     middle of a request ([`tell_other_processes`]), then logs that message (the server's URL and the cause) as this
     process's error and ends the process with exit status 1. Meanwhile this process waits for the server's answer in
-    a collective that nothing else ends (TRL broadcasts the completions from the main process). Returns whether a
-    watcher was started."""
+    a collective that nothing else ends (TRL broadcasts the completions from the main process). `url`: the server of
+    a trainer that is not in TRL's server mode (the asynchronous trainer's weight sync). Returns whether a watcher was
+    started."""
     accelerator = trainer.accelerator
-    if not uses_vllm_server(trainer) or accelerator.num_processes == 1 or accelerator.is_main_process:
+    if url is None and not uses_vllm_server(trainer):
+        return False
+    if accelerator.num_processes == 1 or accelerator.is_main_process:
         return False
     store = _store()
     if store is None:
         return False
     rank = accelerator.process_index
+    try:
+        store.add(f"{FAILURE_KEY}/watchers", 1)  # the main process waits for as many notes
+    except Exception:  # noqa: BLE001 - a store that does not count: no watcher
+        return False
 
     def watch():
         try:
@@ -249,9 +256,9 @@ def watch_for_server_failure(trainer) -> bool:
 
 def tell_other_processes(trainer, message: str) -> None:
     """On the main process of a multi-process run: log `message` (a failure of the vLLM server in the middle of a
-    request), post it for the other processes' watchers ([`watch_for_server_failure`]) and wait until each has taken
-    note of it, at most [`NOTICE_TIMEOUT`] seconds, so that every process names the failure before the launcher ends
-    the job."""
+    request), post it for the other processes' watchers ([`watch_for_server_failure`]) and wait until each watcher has
+    taken note of it, at most [`NOTICE_TIMEOUT`] seconds, so that every process names the failure before the launcher
+    ends the job."""
     accelerator = trainer.accelerator
     if accelerator.num_processes == 1 or not accelerator.is_main_process:
         return
@@ -261,8 +268,9 @@ def tell_other_processes(trainer, message: str) -> None:
     logger.error(message)
     try:
         store.set(FAILURE_KEY, message)
+        watchers = store.add(f"{FAILURE_KEY}/watchers", 0)
         deadline = time.monotonic() + NOTICE_TIMEOUT
-        while store.add(f"{FAILURE_KEY}/noted", 0) < accelerator.num_processes - 1 and time.monotonic() < deadline:
+        while store.add(f"{FAILURE_KEY}/noted", 0) < watchers and time.monotonic() < deadline:
             time.sleep(0.1)
     except Exception:  # noqa: BLE001 - the others are told by the launcher then; the error is raised all the same
         return

@@ -238,12 +238,14 @@ def _warn_missing_rng_files(checkpoint: str, world_size: int) -> None:
     missing = [name for name in _rng_files(world_size) if not os.path.isfile(os.path.join(checkpoint, name))]
     if missing:
         written = record.get("world_size")
-        by = f"written by {written} process(es)" if written else "written by another number of processes, or by a save"
-        by += "" if written else " that did not finish (its highest rank's file missing)"
+        if written:
+            why = f"it was written by {written} process(es)"
+        else:
+            why = "it was written by another number of processes, or by a save that its highest rank did not finish"
         logger.warning(
-            f"Resuming from {checkpoint} with {world_size} process(es), but it has no {', '.join(missing)} (it was "
-            f"{by}): `transformers` continues those processes with fresh random state, so the resumed run is not an "
-            "exact continuation. Resume with the number of processes that wrote it for an exact one."
+            f"Resuming from {checkpoint} with {world_size} process(es), but it has no {', '.join(missing)} ({why}): "
+            "`transformers` continues those processes with fresh random state, so the resumed run is not an exact "
+            "continuation. Resume with the number of processes that wrote it for an exact one."
         )
 
 

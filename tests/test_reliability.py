@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.trainer_utils import rotate_checkpoints
 
-from rpg_trl.reliability import RewardFunctionError, RewardGuard
+from rpg_trl.reliability import RewardFunctionError, RewardGuard, vllm_server
 from rpg_trl.reliability.checkpoints import (
     COMMIT_RECORD,
     begin_checkpoint,
@@ -362,11 +362,14 @@ print("done")
 
 # ==================================================================================================== vllm_server
 _FAILURE_SCRIPT = """
-import os, sys, time
+import importlib.util, os, sys, time
 from types import SimpleNamespace
 import torch.distributed as dist
-from rpg_trl.reliability import vllm_server
 
+# The module alone, by path: the rest of the package (transformers' Trainer) would add seconds of start-up.
+spec = importlib.util.spec_from_file_location("vllm_server", sys.argv[3])
+vllm_server = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(vllm_server)
 rank, port = int(sys.argv[1]), sys.argv[2]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
 accelerator = SimpleNamespace(num_processes=2, is_main_process=rank == 0, process_index=rank)
@@ -388,9 +391,9 @@ def test_every_process_learns_of_a_vllm_server_failure_posted_by_the_main_proces
     watcher of process 1 logs it as its own error and ends the process (status 1), and the main process goes on once
     process 1 has taken note (well under `NOTICE_TIMEOUT`). The end to end run (2 processes, server killed in the
     middle of a request) is in `tests/test_vllm.py`."""
-    port = str(free_port())
+    port, module = str(free_port()), vllm_server.__file__
     procs = [
-        subprocess.Popen([sys.executable, "-c", _FAILURE_SCRIPT, str(rank), port], stdout=subprocess.PIPE,
+        subprocess.Popen([sys.executable, "-c", _FAILURE_SCRIPT, str(rank), port, module], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
         for rank in (0, 1)
     ]  # fmt: skip

@@ -221,8 +221,11 @@ def resolve_resume_checkpoint(
             return checkpoint
         problems = checkpoint_problems(checkpoint)
         if problems:
+            why = "its save did not finish"
+            if _read_record(checkpoint) is None:  # a trainer that does not commit may also have saved the model only
+                why += ", or it holds the model only (`save_only_model=True`: start a new run from its weights)"
             raise ValueError(
-                f"Cannot resume from {checkpoint}: the checkpoint is incomplete (its save did not finish); it lacks "
+                f"Cannot resume from {checkpoint}: the checkpoint is incomplete ({why}); it lacks "
                 f"{'; '.join(problems)}. Resume from a complete checkpoint, or pass `resume_from_checkpoint=True` to "
                 "take the newest complete one."
             )

@@ -102,7 +102,8 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
                   "compute_aux_loss", *_MULTIMODAL)),
     # ---- transformers.Trainer: checkpoints and datasets
     *_methods(TRAINER, "override", (_TRAINER_PY, "reliability/checkpoints.py"),
-              "The synced reference and the commit record go into the checkpoint.",
+              "The synced reference and the commit record go into the checkpoint; the Hub push waits for the "
+              "commit (args.push_to_hub is off during the save).",
               _save_checkpoint=("model", "trial")),
     *_methods(TRAINER, "override", (_TRAINER_PY,), "Resume restores the synced reference (all backends).",
               _load_optimizer_and_scheduler=("checkpoint",)),
@@ -112,6 +113,9 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
               _save_rng_state=("output_dir",), _load_rng_state=("checkpoint",)),
     *_methods(TRAINER, "call", ("ref_sync/callback.py", "reliability/checkpoints.py"),
               "Where the checkpoint of this step goes.", _get_output_dir=("trial",)),
+    *_methods(TRAINER, "call", ("reliability/checkpoints.py",),
+              "The checkpoint is pushed to the Hub after its commit (transformers pushes it inside the save).",
+              _push_from_checkpoint=("checkpoint_folder",)),
     *_methods(TRAINER, "call", (_DS,), "Dynamic sampling draws extra prompts as the train dataloader does.",
               _remove_unused_columns=("dataset", "description"),
               _get_collator_with_removed_columns=("data_collator", "description")),

@@ -15,12 +15,16 @@ import shutil
 import signal
 import subprocess
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from datasets import Dataset
+from huggingface_hub import HfApi, RepoUrl
+from huggingface_hub.hf_api import DEFAULT_IGNORE_PATTERNS
+from huggingface_hub.utils import filter_repo_objects
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig
@@ -199,6 +203,8 @@ def test_a_run_killed_inside_a_save_resumes_exactly_from_the_last_complete_check
         with pytest.raises(ValueError, match=r"checkpoint-4: the checkpoint is incomplete.*trainer_state\.json"):
             crash_worker.run(tiny_model_dir, run_dir, scenario, resume=str(checkpoint))
 
+    (checkpoint / "rng_state_1.pth").write_bytes(b"left by a 2-process save")  # which the new save does not write
+
     with caplog.at_level(logging.WARNING):
         resumed = crash_worker.run(tiny_model_dir, run_dir, scenario, resume=True)
     (skipped,) = [m for m in rpg_warnings(caplog) if "incomplete checkpoint" in m]
@@ -208,7 +214,15 @@ def test_a_run_killed_inside_a_save_resumes_exactly_from_the_last_complete_check
     assert after_resumed == after_full
     assert resumed["policy"] == full["policy"] and resumed["reference"] == full["reference"]
     assert resumed["syncs"] == full["syncs"]
-    assert is_complete(str(checkpoint))  # written again, over the incomplete folder, and committed
+    # Written again over the incomplete folder, emptied first: the commit lists what an uninterrupted save writes.
+    assert is_complete(str(checkpoint)) and not (checkpoint / "rng_state_1.pth").exists()
+    uninterrupted = interrupted_runs(scenario)[1].parent / "full" / "checkpoint-4"
+    record = json.loads((checkpoint / "rpg_checkpoint.json").read_text())
+    assert sorted(record["files"]) == sorted(
+        p.name for p in uninterrupted.iterdir() if p.name != "rpg_checkpoint.json"
+    )
+    (cleared,) = [m for m in rpg_warnings(caplog) if "removed what an earlier save left there" in m]
+    assert str(checkpoint) in cleared and "rng_state_1.pth" in cleared
 
 
 def test_a_full_disk_during_a_save_is_named_and_the_previous_checkpoint_stays_complete(
@@ -243,6 +257,74 @@ def test_a_full_disk_during_a_save_is_named_and_the_previous_checkpoint_stays_co
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-7"]  # the final save, rotated after it
 
 
+class LocalHub:
+    """Stands in for the Hub at `huggingface_hub.HfApi` (no network): `create_repo` returns the repository's URL;
+    `upload_folder` copies, at the moment of the call, the files it would send (its patterns applied as
+    `huggingface_hub` applies them) into `root/{path_in_repo}`, over what is there (a Hub commit adds and replaces
+    files), and keeps a copy of that folder as it stands after each upload (`snapshots`)."""
+
+    def __init__(self, root: Path):
+        self.root, self.snapshots = root, []
+
+    def install(self, monkeypatch):
+        hub = self
+
+        def create_repo(api, repo_id, **kwargs):
+            return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+        def upload_folder(api, *, folder_path, path_in_repo=None, ignore_patterns=None, run_as_future=False, **kw):
+            hub.upload(Path(folder_path), path_in_repo or "", list(ignore_patterns or []))
+            if not run_as_future:
+                return None
+            done = Future()
+            done.set_result(None)
+            return done
+
+        monkeypatch.setattr(HfApi, "create_repo", create_repo)
+        monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+
+    def upload(self, folder: Path, path_in_repo: str, ignore_patterns: list[str]):
+        files = [str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()]
+        target = self.root / path_in_repo
+        for name in filter_repo_objects(files, ignore_patterns=ignore_patterns + DEFAULT_IGNORE_PATTERNS):
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(folder / name, target / name)
+        if path_in_repo:
+            snapshot = self.root.parent / f"snapshot-{len(self.snapshots)}-{path_in_repo}"
+            shutil.copytree(target, snapshot)
+            self.snapshots.append(snapshot)
+
+
+def test_a_checkpoint_pushed_to_the_hub_is_the_committed_one_and_resumes_exactly(
+    interrupted_runs, tiny_model_dir, tmp_path, monkeypatch
+):
+    """`push_to_hub=True`, `hub_strategy="checkpoint"`: `transformers` uploads each checkpoint from inside its save,
+    before RPG's commit record says it is complete (a resume from that copy is refused). RPGTrainer pushes after the
+    commit: every `last-checkpoint` the Hub receives (copied at the `huggingface_hub` call) is complete, and a run
+    resumed from the one pushed at step 4 (inside a generation cycle) equals the uninterrupted run."""
+    full, _ = interrupted_runs("sampling")
+    hub = LocalHub(tmp_path / "hub" / "repo")
+    hub.install(monkeypatch)
+    pushed = crash_worker.run(
+        tiny_model_dir, tmp_path / "run", "sampling", push_to_hub=True, hub_strategy="checkpoint", hub_model_id="rpg/t"
+    )
+    monkeypatch.undo()
+    assert _logs_after(pushed["log_history"], 0) == _logs_after(full["log_history"], 0)
+    assert [s.name for s in hub.snapshots] == [f"snapshot-{i}-last-checkpoint" for i in range(4)]  # steps 2, 4, 6, 7
+    for snapshot, step in zip(hub.snapshots, (2, 4, 6, 7)):
+        record = json.loads((snapshot / "rpg_checkpoint.json").read_text())
+        assert record["complete"] and record["step"] == step and checkpoint_problems(str(snapshot)) == []
+        committed = tmp_path / "run" / f"checkpoint-{step}"
+        assert sorted(record["files"]) == sorted(
+            str(p.relative_to(committed)) for p in committed.rglob("*") if p.name != "rpg_checkpoint.json"
+        )
+    assert (hub.root / "model.safetensors").is_file()  # the model itself, pushed beside it
+
+    resumed = crash_worker.run(tiny_model_dir, tmp_path / "resumed", "sampling", resume=str(hub.snapshots[1]))
+    assert _logs_after(resumed["log_history"], 4) == _logs_after(full["log_history"], 4)
+    assert resumed["policy"] == full["policy"]
+
+
 def test_a_checkpoint_of_trls_grpo_trainer_still_resumes(tiny_model_dir, tmp_path, caplog):
     """A checkpoint without a commit record (TRL's GRPOTrainer) counts when `transformers` finished it: RPGTrainer
     resumes from it, without a warning."""
@@ -257,6 +339,31 @@ def test_a_checkpoint_of_trls_grpo_trainer_still_resumes(tiny_model_dir, tmp_pat
         rpg.train(resume_from_checkpoint=True)
     assert [h["step"] for h in rpg.state.log_history if "loss" in h] == [1, 2, 3]  # 1-2 from GRPOTrainer's state
     assert not [m for m in rpg_warnings(caplog) if "checkpoint" in m]
+
+
+def test_a_grpo_trainer_checkpoint_without_its_optimizer_or_an_rng_file_is_refused(tiny_model_dir, tmp_path, caplog):
+    """Without a commit record, what `transformers` writes is checked as far as the folder tells: a `GRPOTrainer`
+    checkpoint whose optimizer state is missing, or whose RNG files stop at `rng_state_0.pth` (one process writes
+    `rng_state.pth`: a 2-process save whose rank 1 did not finish), is refused when named (transformers would resume
+    with a fresh optimizer or RNG, silently) and skipped with a warning by `resume_from_checkpoint=True`."""
+    grpo = make_tiny_trainer(
+        tiny_model_dir, tmp_path / "grpo", GRPOTrainer, GRPOConfig, save_strategy="steps", save_steps=1, max_steps=2
+    )
+    grpo.train()
+    rpg = make_tiny_trainer(tiny_model_dir, tmp_path / "grpo", save_strategy="no", max_steps=3)
+    no_optimizer = tmp_path / "grpo" / "checkpoint-2"
+    (no_optimizer / "optimizer.pt").unlink()
+    with pytest.raises(ValueError, match=r"checkpoint-2: .*or it holds the model only .* lacks the optimizer state"):
+        rpg.train(resume_from_checkpoint=str(no_optimizer))
+    one_rank = tmp_path / "grpo" / "checkpoint-1"
+    (one_rank / "rng_state.pth").rename(one_rank / "rng_state_0.pth")
+    with pytest.raises(ValueError, match=r"checkpoint-1: the checkpoint is incomplete .* lacks rng_state_1\.pth\."):
+        rpg.train(resume_from_checkpoint=str(one_rank))
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError, match="No complete checkpoint found"):
+        rpg.train(resume_from_checkpoint=True)
+    skipped = [m for m in rpg_warnings(caplog) if "Skipping the incomplete checkpoint" in m]
+    assert [m.split(":")[0].split()[-1] for m in skipped] == [str(no_optimizer), str(one_rank)]
+    assert rpg.state.global_step == 0  # nothing was trained
 
 
 # ==================================================================================================== hostile rewards

@@ -21,11 +21,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.trainer_utils import rotate_checkpoints
 
-from rpg_trl.reliability import RewardFunctionError, RewardGuard
+from rpg_trl.reliability import RewardFunctionError, RewardGuard, vllm_server
 from rpg_trl.reliability.checkpoints import (
     COMMIT_RECORD,
+    begin_checkpoint,
     checkpoint_problems,
+    commit_checkpoint,
     last_complete_checkpoint,
+    mark_being_written,
     resolve_resume_checkpoint,
     rotate_complete_checkpoints,
 )
@@ -63,10 +66,18 @@ def test_a_checkpoint_counts_when_committed_or_when_transformers_finished_it(tmp
     truncated = _folder(
         tmp_path, 7, [*transformers_done[:-1], ("trainer_state.json", "")], {"complete": True, "files": files}
     )
-    zero3 = _folder(tmp_path, 8, ["global_step8/zero_pp_rank_0_mp_rank_00_optim_states.pt", "trainer_state.json"])
+    zero3 = _folder(
+        tmp_path,
+        8,
+        ["global_step8/zero_pp_rank_0_mp_rank_00_optim_states.pt", "rng_state_0.pth", "rng_state_1.pth"]
+        + ["trainer_state.json"],
+    )
 
     assert checkpoint_problems(legacy) == checkpoint_problems(committed) == checkpoint_problems(zero3) == []
-    assert checkpoint_problems(legacy_half) == ["trainer_state.json"]
+    assert checkpoint_problems(legacy_half) == [
+        "trainer_state.json",
+        "the RNG state (rng_state.pth, or rng_state_{rank}.pth of each process)",
+    ]
     assert checkpoint_problems(legacy_ranks) == ["rng_state_1.pth"]
     assert checkpoint_problems(pending) == [
         f"its commit ({COMMIT_RECORD} says the save did not finish)",
@@ -98,6 +109,85 @@ def test_a_checkpoint_counts_when_committed_or_when_transformers_finished_it(tmp
     assert resolve_resume_checkpoint(None, str(tmp_path)) is None and resolve_resume_checkpoint(False, "x") is None
     with pytest.raises(ValueError, match=r"No complete checkpoint found .*checkpoint-2"):
         resolve_resume_checkpoint(True, str(_only(tmp_path / "other", legacy_half)))
+
+
+def test_without_a_record_what_transformers_writes_is_checked_and_the_resuming_ranks_rng_files_are_named(
+    tmp_path, caplog
+):
+    """A checkpoint of a trainer that does not commit lacks the optimizer state, the RNG state, or a rank's RNG file
+    (one process writes rng_state.pth, so rng_state_0.pth alone lacks rank 1's); and a resume whose processes find no
+    RNG file of their own is named in a warning (transformers would continue them with fresh random state)."""
+    state = ["model.safetensors", "scheduler.pt", "trainer_state.json"]
+    no_optimizer = _folder(tmp_path, 1, [*state, "rng_state.pth"])
+    no_rng = _folder(tmp_path, 2, [*state, "optimizer.pt"])
+    rank_0_only = _folder(tmp_path, 3, [*state, "optimizer.pt", "rng_state_0.pth"])
+    two_ranks = _folder(tmp_path / "two", 4, [*state, "optimizer.pt", "rng_state_0.pth", "rng_state_1.pth"])
+    assert checkpoint_problems(no_optimizer) == [
+        "the optimizer state (optimizer.pt or the DeepSpeed/FSDP optimizer files)"
+    ]
+    assert checkpoint_problems(no_rng) == ["the RNG state (rng_state.pth, or rng_state_{rank}.pth of each process)"]
+    assert checkpoint_problems(rank_0_only) == ["rng_state_1.pth"]
+    assert checkpoint_problems(two_ranks) == []
+
+    with caplog.at_level(logging.WARNING):
+        for world_size in (2, 3, 1):
+            assert resolve_resume_checkpoint(True, str(tmp_path / "two"), world_size) == two_ranks
+    (three, one) = [m for m in rpg_warnings(caplog) if m.startswith("Resuming from")]
+    assert f"{two_ranks} with 3 process(es), but it has no rng_state_2.pth" in three and "fresh random state" in three
+    assert "with 1 process(es), but it has no rng_state.pth" in one
+    committed = _folder(tmp_path / "c", 5, ["rng_state.pth"], {"complete": True, "world_size": 1, "files": {}})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        resolve_resume_checkpoint(committed, "x", world_size=2)
+    (warning,) = rpg_warnings(caplog)
+    assert "no rng_state_0.pth, rng_state_1.pth (it was written by 1 process(es))" in warning
+
+
+def _saver(tmp_path, **args):
+    """The parts of a trainer that the commit uses, for 1 process."""
+    defaults = dict(should_save=True, world_size=1, process_index=0, save_only_model=False)
+    return SimpleNamespace(
+        args=SimpleNamespace(**{**defaults, **args}),
+        state=SimpleNamespace(global_step=4),
+        accelerator=SimpleNamespace(wait_for_everyone=lambda: None),
+    )
+
+
+def test_a_save_over_a_folder_left_at_its_step_starts_clean(tmp_path, caplog):
+    """checkpoint-4 left incomplete by a 2-process save, saved again by 1 process: what the earlier save left is
+    removed once the record says the folder is being written, so the commit lists the new save's files alone; RPG's
+    reference, written before `begin_checkpoint`, stays."""
+    old_files = [
+        "model.safetensors",
+        "rng_state_0.pth",
+        "rng_state_1.pth",
+        "global_step4/zero_pp_rank_1_optim_states.pt",
+    ]
+    checkpoint = _folder(tmp_path, 4, old_files, {"complete": False, "world_size": 2})
+    trainer = _saver(tmp_path)
+    with caplog.at_level(logging.WARNING):
+        mark_being_written(trainer, checkpoint)  # RPG's synced reference comes first
+        assert sorted(os.listdir(checkpoint)) == [COMMIT_RECORD]
+        (tmp_path / "checkpoint-4" / "rpg_reference.safetensors").write_text("ref")
+        begin_checkpoint(trainer, checkpoint)
+        for name in ("model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"):
+            (tmp_path / "checkpoint-4" / name).write_text("new!")
+        commit_checkpoint(trainer, checkpoint)
+    record = json.loads((tmp_path / "checkpoint-4" / COMMIT_RECORD).read_text())
+    assert record["complete"] and record["files"] == {
+        "rpg_reference.safetensors": 3,
+        **dict.fromkeys(["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"], 4),
+    }
+    (warning,) = rpg_warnings(caplog)
+    assert warning == (
+        f"Saving {checkpoint} again: removed what an earlier save left there first (global_step4, "
+        "model.safetensors, rng_state_0.pth, rng_state_1.pth)."
+    )
+    # The next save at another step starts clean as well; a folder that does not exist yet is no leftover.
+    trainer.state.global_step = 6
+    caplog.clear()
+    begin_checkpoint(trainer, str(tmp_path / "checkpoint-6"))
+    assert os.listdir(tmp_path / "checkpoint-6") == [COMMIT_RECORD] and not rpg_warnings(caplog)
 
 
 def _only(root, folder):
@@ -268,3 +358,49 @@ print("done")
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split("\n")[:2] == ["done", "initialized after release: False"], proc.stdout
+
+
+# ==================================================================================================== vllm_server
+_FAILURE_SCRIPT = """
+import importlib.util, os, sys, time
+from types import SimpleNamespace
+import torch.distributed as dist
+
+# The module alone, by path: the rest of the package (transformers' Trainer) would add seconds of start-up.
+spec = importlib.util.spec_from_file_location("vllm_server", sys.argv[3])
+vllm_server = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(vllm_server)
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+accelerator = SimpleNamespace(num_processes=2, is_main_process=rank == 0, process_index=rank)
+trainer = SimpleNamespace(accelerator=accelerator, args=SimpleNamespace(use_vllm=False))
+print("watching:", vllm_server.watch_for_server_failure(trainer, "http://127.0.0.1:1"), flush=True)
+dist.barrier()  # the watcher is registered
+if rank == 1:
+    dist.barrier()  # waits for the main process, which never comes: the server's answer it would broadcast
+    sys.exit("process 1 left the barrier")
+started = time.monotonic()
+vllm_server.tell_other_processes(trainer, "The vLLM server at http://127.0.0.1:1 stopped answering (test)")
+print(f"told in {time.monotonic() - started:.2f} s", flush=True)
+os._exit(0)
+"""
+
+
+def test_every_process_learns_of_a_vllm_server_failure_posted_by_the_main_process():
+    """Process 1 waits in a collective for the main process, which posts a failure of the vLLM server instead: the
+    watcher of process 1 logs it as its own error and ends the process (status 1), and the main process goes on once
+    process 1 has taken note (well under `NOTICE_TIMEOUT`). The end to end run (2 processes, server killed in the
+    middle of a request) is in `tests/test_vllm.py`."""
+    port, module = str(free_port()), vllm_server.__file__
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _FAILURE_SCRIPT, str(rank), port, module], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+        for rank in (0, 1)
+    ]  # fmt: skip
+    (out0, err0), (out1, err1) = (proc.communicate(timeout=120) for proc in procs)
+    assert procs[0].returncode == 0, err0[-3000:]
+    assert procs[1].returncode == 1, out1 + err1[-3000:]
+    assert out0.startswith("watching: False") and out1.startswith("watching: True")  # only the others watch
+    assert "VLLMServerError on process 1: The vLLM server at http://127.0.0.1:1 stopped answering (test)" in err1
+    told = float(out0.split("told in ")[1].split(" s")[0])
+    assert told < 5.0, told  # the note came back (NOTICE_TIMEOUT is 10 s)

@@ -78,12 +78,20 @@ def vllm_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def vllm_server(vllm_model, tmp_path_factory):
+def session_server(vllm_model, tmp_path_factory):
     """One real `trl vllm-serve` for the session, stopped by PID at the end."""
     server = VLLMServer(vllm_model, tmp_path_factory.mktemp("vllm-server"), max_model_len=MAX_MODEL_LEN)
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def vllm_server(session_server):
+    """The session's server, started again (on another port) when an earlier test killed it."""
+    if session_server.process is None:
+        session_server.start()
+    return session_server
 
 
 #: The trainers built by the running test, whose colocated engines its teardown shuts down.
@@ -181,7 +189,14 @@ def direct_logps(model, output, temperature=1.0):
 
 
 def max_gap(a, b, mask):
-    return ((a - b).abs() * mask).nan_to_num(0.0).max().item()
+    """max |a - b| over the tokens of `mask`, which must hold at least one, with every compared value finite (vLLM
+    gives NaN for a token it could not score, and TRL's own metrics leave such tokens out: a vLLM that returned no
+    log-probs would otherwise compare as equal)."""
+    keep = mask.bool()
+    a, b = a[keep], b[keep]
+    assert a.numel() > 0, "no completion token to compare"
+    assert a.isfinite().all() and b.isfinite().all(), f"non-finite log-probs: {a.tolist()} / {b.tolist()}"
+    return (a - b).abs().max().item()
 
 
 def vllm_args(tmp_path, mode, server=None, **overrides):
@@ -487,21 +502,38 @@ def test_server_killed_mid_run_stops_with_its_url_and_the_run_resumes(vllm_serve
     assert [h["step"] for h in resumed.state.log_history if "loss" in h] == [1, 2, 3, 4]
 
 
-def launch_rpg_math(tmp_path, name, model, train, script_args, config=None, processes=1, timeout=300):
+def launch_rpg_math(
+    tmp_path, name, model, train, script_args, config=None, processes=1, timeout=300, fails=False, **env
+):
     """`accelerate launch [--config_file accelerate_configs/<config>] tests/helpers/cpu_launch.py examples/rpg_math.py`
-    with `processes` CPU processes, the trainer-side CPU stand-ins installed in each (`vllm_cpu_site`), and each process
-    reporting what it ran (`RPG_LAUNCH_REPORT`, read by `test_launch_configs._processes`). Returns (output folder, the
-    launcher's output)."""
+    with `processes` CPU processes ([`accelerate_launch`]). Returns (output folder, the launcher's output)."""
     output_dir = tmp_path / name
+    script = [str(ROOT / "examples" / "rpg_math.py"), "--model_name_or_path", str(model)]
+    script += ["--train_dataset", str(train), "--output_dir", str(output_dir), *script_args]
+    output = accelerate_launch(tmp_path, name, output_dir, script, config, processes, timeout, fails, **env)
+    return output_dir, output
+
+
+def accelerate_launch(
+    tmp_path, name, output_dir, script, config=None, processes=1, timeout=300, fails=False, bridges=True, **env
+):
+    """`accelerate launch [--config_file accelerate_configs/<config>] tests/helpers/cpu_launch.py SCRIPT...` with
+    `processes` CPU processes, the trainer-side CPU stand-ins of `GRPOTrainer`'s vLLM generation installed in each
+    (`vllm_cpu_site`; not with `bridges=False`), and each process reporting what it ran (`RPG_LAUNCH_REPORT`, read by
+    `test_launch_configs._processes`) and how vLLM's log-probs compared with its own (`RPG_VLLM_RECORD`), under
+    `output_dir`. Returns the launcher's output; the launch must succeed, or fail when `fails`. `env`: more variables
+    for the processes."""
     env = vllm_cpu_env(
         tmp_path,
         PYTHONPATH=LAUNCH_PYTHONPATH,
-        RPG_VLLM_CPU_BRIDGES="1",
+        RPG_VLLM_CPU_BRIDGES="1" if bridges else "0",
         RPG_LAUNCH_REPORT=str(output_dir / "backend"),
+        RPG_VLLM_RECORD=str(output_dir / "vllm_logps"),
         OMP_NUM_THREADS="1",
         HF_DATASETS_OFFLINE="1",
         WANDB_DISABLED="true",
         TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"),  # empty: a DeepSpeed JIT build would show
+        **env,
     )
     command = [sys.executable, "-m", "accelerate.commands.launch"]
     if config:
@@ -510,15 +542,13 @@ def launch_rpg_math(tmp_path, name, model, train, script_args, config=None, proc
         command += ["--cpu"]
     command += ["--num_processes", str(processes), "--num_machines", "1", "--main_process_port", str(free_port())]
     command += ["--mixed_precision", "no", "--dynamo_backend", "no"]
-    command += [str(TESTS_DIR / "helpers" / "cpu_launch.py"), str(ROOT / "examples" / "rpg_math.py")]
-    command += ["--model_name_or_path", str(model), "--train_dataset", str(train), "--output_dir", str(output_dir)]
-    command += [*script_args]
+    command += [str(TESTS_DIR / "helpers" / "cpu_launch.py"), *script]
     started = time.monotonic()
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp_path)
     output = result.stdout + result.stderr
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    assert (result.returncode != 0) == fails, result.stdout[-3000:] + result.stderr[-6000:]
     print(f"{name}: launched and done in {time.monotonic() - started:.0f} s")
-    return output_dir, output
+    return output
 
 
 def math_problems(path):
@@ -549,9 +579,12 @@ def rpg_math_history(output_dir, checkpoint="checkpoint-4"):
     return [entry for entry in state["log_history"] if "loss" in entry]
 
 
-def assert_vllm_agreed(history, generation_steps):
+def assert_vllm_agreed(history, generation_steps, run=None, processes=2):
     """At every logged step that generated (the first of each generation batch), vLLM's log-probs of the sampled tokens
-    equal the trainer's (TRL's logged gap and importance-sampling ratio, over both processes)."""
+    equal the trainer's (TRL's logged gap and importance-sampling ratio, over both processes). With the folder `run` of
+    a launch, also at every generation of every process, as each recorded it (`RPG_VLLM_RECORD`): every round of
+    dynamic sampling of each generation step, with completion tokens, all of their log-probs finite on both sides
+    (TRL's metrics leave NaN tokens out and report 0.0 when none is left), within 1e-4."""
     generated = [entry["step"] for entry in history if "sampling/sampling_logp_difference/max" in entry]
     assert generated == generation_steps, generated
     for entry in history:
@@ -559,6 +592,18 @@ def assert_vllm_agreed(history, generation_steps):
             assert entry["sampling/sampling_logp_difference/max"] <= LOGP_TOL, entry
             for key in ("sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/max"):
                 assert abs(entry[key] - 1.0) <= 2 * LOGP_TOL, (key, entry)
+    if run is None:
+        return
+    # Generation for step s happens at global step s - 1, once per round of dynamic sampling (1 without it).
+    rounds = {entry["step"]: int(entry.get("dynamic_sampling/rounds", 1)) for entry in history}
+    expected = [step - 1 for step in generation_steps for _ in range(rounds[step])]
+    for rank in range(processes):
+        records = [json.loads(line) for line in (run / "vllm_logps" / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in records] == expected, (rank, records)
+        for record in records:
+            assert record["old_logps"] and record["tokens"] > 0, (rank, record)
+            assert record["finite_vllm"] == record["finite_trainer"] == record["tokens"], (rank, record)
+            assert record["max_gap"] <= LOGP_TOL, (rank, record)
 
 
 def policy_moved(initial_dir, updated_dir):
@@ -605,7 +650,7 @@ def test_rpg_math_recipe_topology_zero2_colocated_vllm_two_processes_and_resume(
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
     assert all(math.isfinite(entry["loss"]) for entry in history)
     assert [entry.get("dynamic_sampling/rounds") for entry in history if entry["step"] in (1, 3)] == [2.0, 2.0]
-    assert_vllm_agreed(history, [1, 3])
+    assert_vllm_agreed(history, [1, 3], run)
     # The second generation (before step 3) was sampled after 2 updates: log-probs moved far beyond the 1e-4 agreement,
     # so a missed sync would have shown (the initial model against checkpoint-2's, on one prompt + completion).
     initial = AutoModelForCausalLM.from_pretrained(vllm_model, dtype=torch.float32)
@@ -628,7 +673,7 @@ def test_rpg_math_recipe_topology_zero2_colocated_vllm_two_processes_and_resume(
     assert output.count("{'loss'") == 2  # steps 3 and 4 only
     history = rpg_math_history(resumed)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]  # steps 1-2 from checkpoint-2's state
-    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3])
+    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3], resumed)
     _processes(Run(resumed, output), "DEEPSPEED")
 
 
@@ -656,7 +701,7 @@ def test_rpg_math_zero3_two_processes_with_a_vllm_server_and_kl_triggered_refere
     _sharded(reports, "reference", full_numel)
     history = rpg_math_history(run)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
-    assert_vllm_agreed(history, [1, 3])
+    assert_vllm_agreed(history, [1, 3], run)
     # The KL at each generation boundary (steps 2 and 4) is far above 1e-6: the reference was synced at both, and in
     # checkpoint-2 it is the policy of that step, which moved away from the initial model.
     assert [entry["kl"] > 1e-6 for entry in history] == [False, True, False, True], history
@@ -696,7 +741,7 @@ def test_rpg_math_fsdp2_two_processes_with_a_vllm_server_and_resume(vllm_server,
     history = rpg_math_history(run)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
     assert all(math.isfinite(entry["loss"]) for entry in history)
-    assert_vllm_agreed(history, [1, 3])
+    assert_vllm_agreed(history, [1, 3], run)
     # Between the two generations the policy moved far beyond the 1e-4 agreement: a missed sync would have shown.
     assert policy_moved(vllm_model, run / "checkpoint-2") > 1e-2
 
@@ -709,7 +754,7 @@ def test_rpg_math_fsdp2_two_processes_with_a_vllm_server_and_resume(vllm_server,
     _processes(Run(resumed, output), "FSDP")
     history = rpg_math_history(resumed)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
-    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3])
+    assert_vllm_agreed([entry for entry in history if entry["step"] > 2], [3], resumed)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (the test extra)")
@@ -755,7 +800,7 @@ def test_rpg_math_lora_two_processes_with_a_vllm_server_and_resume_equals_the_un
     history = rpg_math_history(run)
     assert [entry["step"] for entry in history] == [1, 2, 3, 4]
     assert all(math.isfinite(entry["loss"]) for entry in history)
-    assert_vllm_agreed(history, [1, 3])
+    assert_vllm_agreed(history, [1, 3], run)
     # The merged adapter of step 2 moves the log-probs far beyond the 1e-4 agreement: a missed sync would have shown.
     assert policy_moved(vllm_model, merged_lora(vllm_model, run / "checkpoint-2")) > 1e-2
 
@@ -768,7 +813,7 @@ def test_rpg_math_lora_two_processes_with_a_vllm_server_and_resume_equals_the_un
     _processes(Run(resumed, output), "DEEPSPEED")
     resumed_history = rpg_math_history(resumed)
     assert [entry["step"] for entry in resumed_history] == [1, 2, 3, 4]
-    assert_vllm_agreed([entry for entry in resumed_history if entry["step"] > 2], [3])
+    assert_vllm_agreed([entry for entry in resumed_history if entry["step"] > 2], [3], resumed)
     # Steps 3-4 and the final adapter equal the uninterrupted run's (64 float32 ε, norm-relative, as
     # tests/test_launch_configs.py compares runs).
     for key in ("loss", "kl", "grad_norm"):
@@ -782,21 +827,6 @@ def test_rpg_math_lora_two_processes_with_a_vllm_server_and_resume_equals_the_un
 
 
 # ------------------------------------------------------------------------------ AsyncRPGTrainer with TRL's vLLM rollouts
-class RecordingQueue:
-    """TRL's rollout queue as the trainer reads it, keeping every sample taken with the trainer's policy version then."""
-
-    def __init__(self, rollout_queue, trainer):
-        self.queue, self.trainer, self.taken = rollout_queue, trainer, []
-
-    def get(self, *args, **kwargs):
-        sample = self.queue.get(*args, **kwargs)
-        self.taken.append((sample, self.trainer.model_version))
-        return sample
-
-    def __getattr__(self, name):
-        return getattr(self.queue, name)
-
-
 def async_prompts():
     from datasets import Dataset
 
@@ -817,17 +847,19 @@ def policy_versions(model_dir, sent):
 
 
 @torch.no_grad()
-def sampler_versions(sample, models, tol=LOGP_TOL):
+def sampler_versions(sample, models, tol=LOGP_TOL, upto=None):
     """Which pushed version sampled each completion token of `sample`: vLLM's log-prob of the token (`old_log_probs`)
     equals that version's within `tol`. TRL labels a sample with the version current when its group was created; a
     request still running at a weight push continues on the new weights (vLLM's `/pause?mode=keep`), so the tokens of
     one completion may come from the label's version and later ones, in order. Returns the version of each token (the
-    earliest matching one, not below the previous token's), or None if some token matches no version."""
+    earliest matching one, not below the previous token's), or None if some token matches no version (up to the
+    version `upto`, when given)."""
     ids = torch.tensor(sample.input_ids, dtype=torch.long)
     positions = torch.nonzero(torch.tensor(sample.completion_mask)).flatten()
     vllm = torch.tensor(sample.old_log_probs, dtype=torch.float32)[positions]
+    assert len(positions) > 0 and vllm.isfinite().all(), ("no completion token, or non-finite log-probs", vllm)
     direct = {}
-    for version in range(sample.model_version, len(models)):
+    for version in range(sample.model_version, min(len(models), upto + 1) if upto is not None else len(models)):
         logits = models[version](input_ids=ids[None]).logits[0].float()
         logps = torch.log_softmax(logits[:-1], -1).gather(-1, ids[1:, None])[:, 0]
         direct[version] = logps[positions - 1]
@@ -841,125 +873,105 @@ def sampler_versions(sample, models, tol=LOGP_TOL):
     return chosen, direct
 
 
-class ProbingWeightTransfer:
-    """Wraps the test's weight transfer: right after each push (once the server resumed), samples one completion of a
-    fixed prompt from the server and keeps the gap between vLLM's log-probs and those of the weights just pushed."""
+def launch_async_rpg(tmp_path, name, model, server, *script_args, processes=2, config="fsdp2.yaml"):
+    """`tests/helpers/async_vllm_worker.py` under `accelerate launch` with `processes` CPU processes; returns its output
+    folder, its record (`taken`, `sent`, `history`, `trained` per process) and the launcher's output."""
+    from types import SimpleNamespace
 
-    def __init__(self, transfer, server, model_dir, prompt_ids):
-        self.transfer, self.server, self.model_dir, self.prompt_ids = transfer, server, model_dir, prompt_ids
-        self.probes = []  # (version, max gap, the sampled completion)
-
-    def resume(self):
-        self.transfer.resume()
-        (model,) = policy_versions(self.model_dir, self.transfer.sent[-1:])[1:]
-        completion, logps = server_logprobs(self.server, self.prompt_ids)
-        direct = sequence_logps(model, self.prompt_ids, completion)
-        self.probes.append((len(self.transfer.sent), (direct - torch.tensor(logps)).abs().max().item(), completion))
-
-    def __getattr__(self, name):
-        return getattr(self.transfer, name)
-
-
-def server_logprobs(server, prompt_ids, max_tokens=8):
-    """One completion sampled by the server for `prompt_ids`: its token ids and vLLM's log-prob of each."""
-    import requests
-
-    payload = {"model": server.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 1.0, "n": 1}
-    payload.update({"return_token_ids": True, "logprobs": 0, "seed": 0})
-    response = requests.post(f"{server.url}/v1/completions", json=payload, timeout=30)
-    response.raise_for_status()
-    choice = response.json()["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
-
-
-def test_async_rpg_with_trl_rollout_worker_and_a_vllm_server(vllm_server, vllm_model, tmp_path):
-    """`AsyncRPGTrainer` with TRL's own asynchronous rollout worker (`AsyncRolloutWorker`: a spawned process sampling
-    from a real `trl vllm-serve` through `/v1/completions`) and TRL's weight-sync protocol (`/pause`,
-    `/start_weight_update`, `/finish_weight_update`, `/resume`), the NCCL broadcast replaced by the test-side
-    `helpers.vllm_async_transfer.FileWeightTransfer`. A cold push and one after each of the 4 steps; every completion
-    token trained on was sampled with the weights of a pushed version (vLLM's log-prob equals that version's within
-    1e-4), never older than the sample's label nor newer than the trainer when it took the sample; every sample trained
-    on lags the trainer by at most `max_staleness` versions when taken (TRL drops the others); and after the last push
-    the server samples with the final weights."""
-    from trl.chat_template_utils import qwen3_chat_template
-
-    from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
-    from rpg_trl.tools.cpu_rollouts import cpu_backend
-
-    from helpers.async_harness import async_args, digit_reward
-    from helpers.vllm_async_transfer import FileWeightTransfer
-
-    max_staleness, steps = 2, 4
-    args = AsyncRPGConfig(
-        **async_args(
-            tmp_path / "async",
-            vllm_server_base_url=vllm_server.url,
-            max_completion_length=8,
-            max_staleness=max_staleness,
-            max_steps=steps,
-            learning_rate=3e-2,
-            request_timeout=30,
-            max_inflight_tasks=8,  # the worker's concurrent requests (2 cores)
-            queue_maxsize=32,
-        )
+    output_dir = tmp_path / name
+    script = [str(TESTS_DIR / "helpers" / "async_vllm_worker.py"), str(model), server.url, str(output_dir)]
+    script += [str(output_dir / "record"), *script_args]
+    # AsyncGRPOTrainer's vLLM pieces are the test's weight transfer and TRL's worker: no GRPOTrainer stand-ins needed.
+    output = accelerate_launch(tmp_path, name, output_dir, script, config, processes, timeout=400, bridges=False)
+    record = output_dir / "record"
+    logged = json.loads((record / "history.json").read_text())
+    sent = torch.load(record / "sent.pt", weights_only=True)
+    return SimpleNamespace(
+        dir=output_dir,
+        output=output,
+        taken=[SimpleNamespace(**sample) for sample in torch.load(record / "taken.pt", weights_only=True)],
+        sent=sent,
+        first_version=logged["version"] - len(sent) + 1,  # a resumed run goes on counting from its checkpoint's
+        history=logged["history"],
+        prompt=logged["prompt"],
+        probes=logged["probes"],
+        trained=[json.loads((record / f"trained_rank{r}.json").read_text()) for r in range(processes)],
     )
-    # TRL's rollout worker parses each completion with the response template of a chat template it knows (Qwen3's
-    # here, rendered character by character); the toy template has none.
-    tokenizer = printable_tokenizer()
-    tokenizer.chat_template = qwen3_chat_template
-    text = tokenizer.apply_chat_template(async_prompts()[0]["prompt"], add_generation_prompt=True, tokenize=False)
-    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-    transfer = ProbingWeightTransfer(FileWeightTransfer(vllm_server.url), vllm_server, vllm_model, prompt)
-    with cpu_backend():
-        trainer = AsyncRPGTrainer(
-            vllm_model,
-            reward_funcs=digit_reward,
-            args=args,
-            train_dataset=async_prompts(),
-            processing_class=tokenizer,
-            weight_transfer=transfer,
-        )
-        recorder = RecordingQueue(trainer.rollout_queue, trainer)
-        trainer.rollout_queue = recorder
-        started = time.monotonic()
-        trainer.train()
-        print(f"async: trained in {time.monotonic() - started:.0f} s")
-    history = [entry for entry in trainer.state.log_history if "loss" in entry]
-    assert [entry["step"] for entry in history] == list(range(1, steps + 1))
-    assert all(math.isfinite(entry["loss"]) for entry in history)
-    assert len(transfer.sent) == steps + 1  # the cold push (version 1), then one after each step
 
-    # Staleness: TRL drops a sample that lags the trainer by more than max_staleness when it is taken from the queue;
-    # the loss sees the lag one step later (the data loader prefetches one micro-batch), so RPG's `staleness/max` may
-    # read max_staleness + 1. Some batches did lag, so the bound was exercised.
-    kept = [(sample, version) for sample, version in recorder.taken if version - sample.model_version <= max_staleness]
-    dropped = len(recorder.taken) - len(kept)
-    assert all(entry["sample/staleness_max"] <= max_staleness for entry in history), history
-    assert all(entry["staleness/max"] <= max_staleness + 1 for entry in history), history
-    assert max(entry["staleness/max"] for entry in history) >= 1, history
 
-    # vLLM's log-probs equal the trainer's weights of the version that sampled them.
-    models = policy_versions(vllm_model, transfer.sent)
-    used, moved = set(), 0.0
-    for sample, version in kept:
-        found = sampler_versions(sample, models)
-        assert found is not None, (sample.model_version, version, sample.old_log_probs)
-        token_versions, direct = found
-        assert sample.model_version <= min(token_versions) and max(token_versions) <= version, (
-            token_versions,
-            version,
-        )
-        used.update(token_versions)
-        moved = max(moved, (direct[sample.model_version] - direct[max(direct)]).abs().max().item())
-    # After every push the server samples with the weights just pushed, and they moved away from the initial ones by
-    # far more than the 1e-4 agreement (so a stale or missed push would have shown).
-    assert [version for version, _, _ in transfer.probes] == list(range(1, steps + 2))
-    assert all(gap <= LOGP_TOL for _, gap, _ in transfer.probes), transfer.probes
-    last = transfer.probes[-1][2]
-    assert (sequence_logps(models[1], prompt, last) - sequence_logps(models[-1], prompt, last)).abs().max() > 1e-2
-    print(f"async: {len(kept)} samples trained, {dropped} dropped stale; versions that sampled them {sorted(used)}")
-    print(f"async: probe gaps after each push {[gap for _, gap, _ in transfer.probes]}; moved {moved}")
-    print([(e["step"], e["staleness/mean"], e["staleness/max"], e["sample/staleness_max"]) for e in history])
+def assert_trained_tokens_sampled_by_their_version(run, model_dir, max_staleness):
+    """Every completion trained on, by any process, is a sample taken from the queue within `max_staleness` versions,
+    and each of its tokens has vLLM's log-prob (1e-4) of a pushed version between the sample's label and the trainer's
+    version when it took the sample. Returns the labels of the samples trained on."""
+    models = [None] * (run.first_version - 1) + policy_versions(model_dir, run.sent)  # indexed by version
+    kept, used = {}, set()
+    for sample in run.taken:
+        if sample.trainer_version - sample.model_version > max_staleness:
+            continue  # TRL drops it
+        positions = [i for i, m in enumerate(sample.completion_mask) if m]
+        key = tuple(torch.tensor([sample.old_log_probs[i] for i in positions], dtype=torch.float32).tolist())
+        kept[key] = sample
+    for rank, completions in enumerate(run.trained):
+        assert completions, f"process {rank} trained nothing"
+        for logps in completions:
+            sample = kept.get(tuple(logps))
+            assert sample is not None, (rank, logps)  # a sample taken and kept, whole
+            found = sampler_versions(sample, models, upto=sample.trainer_version)
+            assert found is not None, (rank, sample.model_version, sample.old_log_probs)
+            versions = found[0]
+            assert sample.model_version <= min(versions) and max(versions) <= sample.trainer_version, versions
+            used.add(sample.model_version)
+    return used
+
+
+def test_async_rpg_two_processes_against_one_vllm_server_and_resume(vllm_server, vllm_model, tmp_path):
+    """`AsyncRPGTrainer` launched as at scale: `accelerate_configs/fsdp2.yaml` with 2 CPU processes against one real
+    `trl vllm-serve`, with TRL's own asynchronous rollout worker (`AsyncRolloutWorker`: a process spawned by the main
+    process, sampling through `/v1/completions`) and TRL's weight-sync protocol (`/pause`, `/start_weight_update`,
+    `/finish_weight_update`, `/resume`), the NCCL broadcast replaced by the test-side
+    `helpers.vllm_async_transfer.FileWeightTransfer`. A cold push and one after each of the 4 steps, `max_staleness` 1:
+
+    - both processes train every step, and every completion either trains on is a sample the queue delivered whole,
+      within `max_staleness` versions when taken (TRL drops the others, and did), each of its tokens sampled by a
+      pushed version no older than the sample's label nor newer than the trainer when it took it (vLLM's log-prob
+      equals that version's within 1e-4); samples of weights pushed after an update were trained on;
+    - right after every push the server samples with the weights just pushed (1e-4), and they moved away from the
+      first by more than 1e-2 (a stale or missed push would show);
+    - TRL's `sample/staleness_max` stays within `max_staleness`, RPG's `staleness/max` within `max_staleness` + 1 (the
+      data loader prefetches one micro-batch), and some batches did lag;
+    - resumed from checkpoint-2 in a new launch, the first push is checkpoint-2's weights, the versions go on from the
+      checkpoint's, and steps 3-4 train on samples of the versions pushed since, as above."""
+    run = launch_async_rpg(tmp_path, "run", vllm_model, vllm_server, "--max-steps", "4", "--save-steps", "2")
+    assert [entry["step"] for entry in run.history] == [1, 2, 3, 4]
+    assert all(math.isfinite(entry["loss"]) for entry in run.history)
+    assert len(run.sent) == 5  # the cold push, then one after each step
+    labels = assert_trained_tokens_sampled_by_their_version(run, vllm_model, max_staleness=1)
+    assert max(labels) >= 2, labels  # samples of weights pushed after an update were trained on
+    dropped = [s for s in run.taken if s.trainer_version - s.model_version > 1]
+    assert dropped  # and stale ones dropped
+    assert all(entry["sample/staleness_max"] <= 1 for entry in run.history), run.history
+    assert all(entry["staleness/max"] <= 2 for entry in run.history), run.history
+    assert max(entry["staleness/max"] for entry in run.history) >= 1, run.history
+    models = policy_versions(vllm_model, run.sent)
+    gaps = []
+    for version, probe in enumerate(run.probes, start=1):
+        direct = sequence_logps(models[version], run.prompt, probe["completion"])
+        gaps.append(max_gap(direct, torch.tensor(probe["logprobs"]), torch.ones_like(direct)))
+    assert len(gaps) == 5 and max(gaps) <= LOGP_TOL, gaps
+    last = run.probes[-1]["completion"]
+    moved = (sequence_logps(models[1], run.prompt, last) - sequence_logps(models[-1], run.prompt, last)).abs().max()
+    assert moved > 1e-2, moved
+    print(f"async, 2 processes: {len(run.taken)} samples taken, {len(dropped)} dropped stale; labels {sorted(labels)}")
+    print(f"async, 2 processes: probe gaps after each push {gaps}; moved {moved:.3f}")
+
+    resumed = launch_async_rpg(
+        tmp_path, "resumed", vllm_model, vllm_server, "--max-steps", "4", "--resume", str(run.dir / "checkpoint-2")
+    )
+    assert [entry["step"] for entry in resumed.history] == [1, 2, 3, 4]  # 1-2 from checkpoint-2's state
+    assert len(resumed.sent) == 3  # checkpoint-2's weights, then after steps 3 and 4
+    assert (run.first_version, resumed.first_version) == (1, 4)  # TRL goes on from the checkpoint's version 3
+    assert all(torch.equal(resumed.sent[0][name], run.sent[2][name]) for name in run.sent[2])
+    assert_trained_tokens_sampled_by_their_version(resumed, vllm_model, max_staleness=1)
 
 
 def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_model, tmp_path):
@@ -996,9 +1008,40 @@ def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_mo
                 trainer.train()
             elapsed = time.monotonic() - killer.killed_at
     finally:
-        vllm_server.start()  # the session's server again (other port), whatever happened
+        vllm_server.kill()  # dead whatever happened; the next test that needs it starts it again
     print(f"async kill: {type(error.value).__name__} {elapsed:.1f} s after the kill: {error.value}")
     assert elapsed < 30.0, elapsed
     assert trainer.state.global_step in (2, 3), trainer.state.global_step
     assert "stopped answering" in str(error.value) and "resume_from_checkpoint" in str(error.value)
     assert trainer.rollout_worker._process is None  # TRL's rollout worker was stopped
+
+
+def test_a_server_killed_mid_request_stops_every_process_naming_it(vllm_server, vllm_model, tmp_path):
+    """2 CPU processes (DDP: `accelerate_configs/multi_gpu.yaml`) of the scaled-down recipe against one `trl vllm-serve`, killed (SIGKILL to its process
+    group) right after the first request for step 3 was sent to it, after checkpoint-2: the main process raises a
+    `VLLMServerError` that names the server's URL and the cause, and process 1, which waits for the completions in
+    TRL's broadcast, logs the same error and exits, instead of waiting until the launcher kills it; the launch ends
+    within 20 s of the kill (TRL's 5 retries are made back to back here, test-side: with its own backoff they take
+    about a minute more). Checkpoint-2 is complete; nothing later was saved."""
+    from rpg_trl.reliability.checkpoints import is_complete
+
+    train = math_problems(tmp_path / "train.jsonl")
+    args = [*RECIPE_SCALED_DOWN, "--vllm_mode", "server", "--vllm_server_base_url", vllm_server.url]
+    url, stamp = vllm_server.url, tmp_path / "killed_at"
+    # Dynamic sampling draws 2 rounds per generation (the tiny model never answers right): request 3 is step 3's first.
+    kill = f"{vllm_server.process.pid}:3:{stamp}"
+    try:
+        run, output = launch_rpg_math(tmp_path, "run", vllm_model, train, args, "multi_gpu.yaml", 2, fails=True,
+                                      RPG_TEST_KILL_SERVER=kill)  # fmt: skip
+        ended = time.time()
+    finally:
+        vllm_server.kill()  # dead already; the next test that needs it starts it again
+    elapsed = ended - float(stamp.read_text())
+    print(f"server killed mid-request: the launch ended {elapsed:.1f} s after the kill")
+    cause = f"The vLLM server at {url} stopped answering (ConnectionError: "
+    assert f"VLLMServerError on process 1: {cause}" in output, output[-6000:]
+    assert output.count(cause) >= 2, output[-6000:]  # the main process's error and process 1's
+    assert "at training step 2" in output and "resume_from_checkpoint" in output
+    assert elapsed < 20.0, elapsed
+    assert is_complete(str(run / "checkpoint-2")) and not (run / "checkpoint-4").exists()
+    assert [entry["step"] for entry in rpg_math_history(run, "checkpoint-2")] == [1, 2]

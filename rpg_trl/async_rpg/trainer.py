@@ -15,7 +15,7 @@ from trl.trainer.utils import add_fused_lm_head, create_model_from_path, nanmax,
 from ..losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
 from ..reliability.checkpoints import CommittedCheckpointsMixin
 from ..reliability.importance_weights import ImportanceWeightMonitorMixin
-from ..reliability.vllm_server import probe_server, server_errors_named
+from ..reliability.vllm_server import probe_server, server_errors_named, watch_for_server_failure
 from ..trainer import RPGTrainer
 from .config import AsyncRPGConfig
 
@@ -117,6 +117,8 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, A
         #: injected, e.g. `rpg_trl.tools.cpu_rollouts`): a weight sync probes it first and names it when it stops answering.
         uses_server = kwargs.get("rollout_worker") is None or kwargs.get("weight_transfer") is None
         self._vllm_server_url = args.vllm_server_base_url if uses_server else None
+        if self._vllm_server_url is not None:  # every process stops, naming it, when it fails in a weight sync
+            watch_for_server_failure(self, self._vllm_server_url)
         #: Frozen KL anchor with `kl_anchor="reference"` (None with PEFT: the base model, adapter disabled).
         self.ref_model = None
         if args.kl_anchor == "reference" and not is_peft_model(self.accelerator.unwrap_model(self.model)):

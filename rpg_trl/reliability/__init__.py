@@ -19,7 +19,8 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 * [`rpg_trl.reliability.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock; a colocated
   vLLM engine is shut down before the process groups it uses.
 * [`rpg_trl.reliability.vllm_server`]: in vLLM server mode, a server that serves another model is refused before
-  training, and a server that stops answering stops the run with an error naming its URL, in bounded time.
+  training, and a server that stops answering stops the run with an error naming its URL, in bounded time, on every
+  process.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .generation_state import load_generation_state, save_generation_state
 from .importance_weights import ImportanceWeightMonitor, ImportanceWeightMonitorMixin
 from .reward_guard import RewardFunctionError, RewardGuard
 from .teardown import hold_process_group_until_exit, shutdown_colocated_vllm
-from .vllm_server import VLLMServerError, check_server_model, server_errors_named
+from .vllm_server import VLLMServerError, check_server_model, server_errors_named, watch_for_server_failure
 
 
 class ReliabilityMixin(CommittedCheckpointsMixin):
@@ -47,6 +48,7 @@ class ReliabilityMixin(CommittedCheckpointsMixin):
             check_prompt_column(self.eval_dataset, "evaluation")
         hold_process_group_until_exit()  # a gloo group is destroyed at exit without PyTorch's teardown deadlock
         check_server_model(self)  # vLLM server mode: the server's model has the trained model's weight shapes
+        watch_for_server_failure(self)  # ... and every process stops, naming it, when it fails mid-request
 
     def _generate_single_turn(self, *args, **kwargs):
         # vLLM server mode: a dead or failing server is named with its URL (health probe first, bounded time).

@@ -10,20 +10,23 @@ part. And `save_total_limit` may already have deleted the previous, complete che
 [`CommittedCheckpointsMixin`] makes each save a transaction over all processes:
 
 1. before anything is written, the process(es) that save (`args.should_save`) mark the folder as being written (the
-   commit record [`COMMIT_RECORD`] with `"complete": false`), and every process waits for that;
+   commit record [`COMMIT_RECORD`] with `"complete": false`), remove what an earlier save at the same step left there
+   (a save that did not finish, or one by more processes), and every process waits for that;
 2. the trainer saves as usual (model or shards, optimizer, scheduler, RNG, RPG's own files, `trainer_state.json`);
 3. every process waits for the others (`accelerator.wait_for_everyone()`: all of them have written and closed their
    files), then the saving process flushes every file of the folder to the disk (`fsync`) and replaces the record,
    atomically, by `"complete": true` with the list of the files and their sizes;
-4. only then are older checkpoints rotated out (`save_total_limit`), and only complete ones: the newest complete
+4. only then is the checkpoint pushed to the Hub (`push_to_hub` with `hub_strategy="checkpoint"` or
+   `"all_checkpoints"`: `transformers` pushes from inside its save, before the commit, a folder that a resume
+   refuses), and older checkpoints rotated out (`save_total_limit`), complete ones only: the newest complete
    checkpoint is never deleted, whatever the state of newer folders.
 
 Resuming ([`resolve_resume_checkpoint`]): `resume_from_checkpoint=True` takes the newest complete checkpoint and skips
 each incomplete folder with a warning that names it and what it lacks; a checkpoint named explicitly that is
 incomplete is refused with an error listing what is missing. A folder without a commit record was written by a
 trainer that does not commit (TRL's `GRPOTrainer`, `transformers`' `Trainer`): it counts as complete when it holds
-`trainer_state.json` (which `transformers` writes after the weights, optimizer, scheduler and RNG state) and model
-weights.
+what `transformers` writes, as far as the folder tells ([`checkpoint_problems`]); the resuming processes that find no
+RNG file of their own are named in a warning.
 
 A full disk during a save stops the run with a [`DiskFullError`] naming the checkpoint folder and the file being
 written; that folder stays marked incomplete, and the previous checkpoint complete. What these guarantee, and the
@@ -115,14 +118,27 @@ def _absent_parts(checkpoint: str, world_size: int | None, save_only_model: bool
         absent.append("the model weights (" + " / ".join(WEIGHT_FILES[:2]) + " / ...)")
     if not save_only_model and not _has_optimizer(checkpoint):
         absent.append("the optimizer state (optimizer.pt or the DeepSpeed/FSDP optimizer files)")
-    if world_size is None:  # the processes that wrote RNG files: 0..max must all be there
-        indices = [int(m.group(1)) for n in os.listdir(checkpoint) if (m := re.match(r"rng_state_(\d+)\.pth$", n))]
-        names = [f"rng_state_{i}.pth" for i in range(max(indices) + 1)] if indices else []
-    elif save_only_model:  # no RNG state is written
+    if save_only_model:  # no RNG state is written
+        return absent
+    if world_size is not None:
+        names = _rng_files(world_size)
+    elif indices := _rng_ranks(checkpoint):  # 0..max must all be there, and 1 at least (one process writes
+        names = [f"rng_state_{i}.pth" for i in range(max(*indices, 1) + 1)]  # rng_state.pth, not rng_state_0.pth)
+    elif os.path.isfile(os.path.join(checkpoint, "rng_state.pth")):
         names = []
     else:
-        names = ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
+        return absent + ["the RNG state (rng_state.pth, or rng_state_{rank}.pth of each process)"]
     return absent + [name for name in names if not os.path.isfile(os.path.join(checkpoint, name))]
+
+
+def _rng_ranks(checkpoint: str) -> list[int]:
+    """The ranks of the `rng_state_{rank}.pth` files in `checkpoint`."""
+    return [int(m.group(1)) for n in os.listdir(checkpoint) if (m := re.match(r"rng_state_(\d+)\.pth$", n))]
+
+
+def _rng_files(world_size: int) -> list[str]:
+    """The RNG files `transformers` writes, and reads back, with `world_size` processes."""
+    return ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
 
 
 def checkpoint_problems(checkpoint: str) -> list[str]:
@@ -130,13 +146,16 @@ def checkpoint_problems(checkpoint: str) -> list[str]:
 
     With a commit record: complete when the record says so and every file it lists is there with the size it had at
     the commit. Without one (a checkpoint of a trainer that does not commit, e.g. TRL's `GRPOTrainer`): complete when
-    it holds `trainer_state.json`, the model weights and, when it has RNG files of several processes, all of them.
+    it holds what `transformers` writes, as far as the folder tells: `trainer_state.json`, the model weights, the
+    optimizer state and the RNG state (`rng_state.pth`, or `rng_state_{rank}.pth` of ranks 0 to the highest there, and
+    at least 0 and 1: one process writes `rng_state.pth`). A missing file of the highest rank is not visible here;
+    [`resolve_resume_checkpoint`] names the files that the resuming processes do not find.
     """
     if not os.path.isdir(checkpoint):
         return ["the folder itself"]
     record = _read_record(checkpoint)
-    if record is None:  # not written by a committing trainer
-        return _absent_parts(checkpoint, world_size=None, save_only_model=True)
+    if record is None:  # not written by a committing trainer: what transformers writes must all be there
+        return _absent_parts(checkpoint, world_size=None, save_only_model=False)
     if record.get("unreadable"):
         return [f"a readable {COMMIT_RECORD}"]
     if not record.get("complete"):
@@ -177,12 +196,16 @@ def last_complete_checkpoint(output_dir: str) -> str | None:
     return None
 
 
-def resolve_resume_checkpoint(resume_from_checkpoint: str | bool | None, output_dir: str) -> str | None:
+def resolve_resume_checkpoint(
+    resume_from_checkpoint: str | bool | None, output_dir: str, world_size: int | None = None
+) -> str | None:
     """`Trainer.train`'s `resume_from_checkpoint`, resolved to a complete checkpoint.
 
     `True`: the newest complete checkpoint of `output_dir` ([`last_complete_checkpoint`]); a `ValueError` when there
     is none. A path: the path, if the checkpoint there is complete (a `ValueError` listing what it lacks otherwise; a
-    path that is not a folder is left to `transformers`, which reports it). `None`/`False`: `None`.
+    path that is not a folder is left to `transformers`, which reports it). `None`/`False`: `None`. With the
+    `world_size` of the resuming run, a warning names the RNG files that its processes will not find (`transformers`
+    then continues them with fresh random state, silently).
     """
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
         return None
@@ -192,17 +215,41 @@ def resolve_resume_checkpoint(resume_from_checkpoint: str | bool | None, output_
             incomplete = _checkpoint_folders(output_dir)
             detail = f" (incomplete: {', '.join(incomplete)})" if incomplete else ""
             raise ValueError(f"No complete checkpoint found in output directory ({output_dir}){detail}.")
-        return checkpoint
-    checkpoint = os.fspath(resume_from_checkpoint)
-    if os.path.isdir(checkpoint):
+    else:
+        checkpoint = os.fspath(resume_from_checkpoint)
+        if not os.path.isdir(checkpoint):
+            return checkpoint
         problems = checkpoint_problems(checkpoint)
         if problems:
+            why = "its save did not finish"
+            if _read_record(checkpoint) is None:  # a trainer that does not commit may also have saved the model only
+                why += ", or it holds the model only (`save_only_model=True`: start a new run from its weights)"
             raise ValueError(
-                f"Cannot resume from {checkpoint}: the checkpoint is incomplete (its save did not finish); it lacks "
+                f"Cannot resume from {checkpoint}: the checkpoint is incomplete ({why}); it lacks "
                 f"{'; '.join(problems)}. Resume from a complete checkpoint, or pass `resume_from_checkpoint=True` to "
                 "take the newest complete one."
             )
+    if world_size is not None:
+        _warn_missing_rng_files(checkpoint, world_size)
     return checkpoint
+
+
+def _warn_missing_rng_files(checkpoint: str, world_size: int) -> None:
+    record = _read_record(checkpoint) or {}
+    if record.get("save_only_model"):
+        return
+    missing = [name for name in _rng_files(world_size) if not os.path.isfile(os.path.join(checkpoint, name))]
+    if missing:
+        written = record.get("world_size")
+        if written:
+            why = f"it was written by {written} process(es)"
+        else:
+            why = "it was written by another number of processes, or by a save that its highest rank did not finish"
+        logger.warning(
+            f"Resuming from {checkpoint} with {world_size} process(es), but it has no {', '.join(missing)} ({why}): "
+            "`transformers` continues those processes with fresh random state, so the resumed run is not an exact "
+            "continuation. Resume with the number of processes that wrote it for an exact one."
+        )
 
 
 # --------------------------------------------------------------------------------------------------------- writing
@@ -251,6 +298,9 @@ def mark_being_written(trainer, checkpoint: str) -> None:
     [`begin_checkpoint`], and by a part of the trainer that writes into the folder before it (RPG's synced
     reference), so that a folder re-saved at the same step never claims to be complete while it is rewritten."""
     args = trainer.args
+    # The first call of a save (the reference's, or begin_checkpoint's) starts the folder afresh.
+    first = getattr(trainer, "_rpg_checkpoint_begun", None) != checkpoint
+    trainer._rpg_checkpoint_begun = checkpoint
     if args.should_save:
         os.makedirs(checkpoint, exist_ok=True)
         record = {
@@ -260,6 +310,28 @@ def mark_being_written(trainer, checkpoint: str) -> None:
             "save_only_model": bool(args.save_only_model),
         }
         _write_json_atomically(os.path.join(checkpoint, COMMIT_RECORD), record, f"p{args.process_index}")
+        if first:
+            remove_leftovers(checkpoint)
+
+
+def remove_leftovers(checkpoint: str) -> list[str]:
+    """Delete everything in the folder `checkpoint` but its commit record: what an earlier save at the same step left
+    there (a save that did not finish, or one by more processes, whose `rng_state_{rank}.pth` the new save would not
+    overwrite and the commit would then list). Called once the record says the folder is being written, so that a
+    crash in between leaves it incomplete. Returns the names deleted (top level), and logs them."""
+    leftovers = sorted(name for name in os.listdir(checkpoint) if name != COMMIT_RECORD)
+    for name in leftovers:
+        path = os.path.join(checkpoint, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+    if leftovers:
+        _fsync_dir(checkpoint)
+        shown = ", ".join(leftovers[:8]) + (f", ... ({len(leftovers)} in all)" if len(leftovers) > 8 else "")
+        logger.warning(f"Saving {checkpoint} again: removed what an earlier save left there first ({shown}).")
+    return leftovers
 
 
 def begin_checkpoint(trainer, checkpoint: str) -> None:
@@ -382,7 +454,7 @@ class CommittedCheckpointsMixin:
     complete checkpoint, a resume takes complete checkpoints only, and a full disk is named (see the module)."""
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
-        checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir, self.args.world_size)
         return super().train(
             resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
         )
@@ -394,12 +466,18 @@ class CommittedCheckpointsMixin:
         # `transformers` rotates inside `_save_checkpoint`, before the other processes may have finished writing:
         # rotation is deferred to after the commit, and counts complete checkpoints only.
         save_total_limit, args.save_total_limit = args.save_total_limit, None
+        # `transformers` also pushes the checkpoint to the Hub from inside `_save_checkpoint` (`push_to_hub` with
+        # `hub_strategy="checkpoint"` or `"all_checkpoints"`), before the commit: the push is deferred to after it.
+        push_to_hub, args.push_to_hub = args.push_to_hub, False
         try:
             with disk_full_named(checkpoint, run_dir):
                 begin_checkpoint(self, checkpoint)
                 super()._save_checkpoint(model, trial)
                 commit_checkpoint(self, checkpoint)
         finally:
-            args.save_total_limit = save_total_limit
+            args.save_total_limit, args.push_to_hub = save_total_limit, push_to_hub
+            self._rpg_checkpoint_begun = None
+        if push_to_hub:
+            self._push_from_checkpoint(checkpoint)  # the committed folder, its record included (process 0 only)
         if args.should_save:
             rotate_complete_checkpoints(run_dir, save_total_limit, checkpoint, self.state.best_model_checkpoint)

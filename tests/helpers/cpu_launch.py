@@ -7,7 +7,9 @@
 In each launched process it applies the shims below, then runs the script with its own arguments as `__main__`, as
 `accelerate launch SCRIPT` would. With `RPG_LAUNCH_REPORT=DIR` set, each process also writes what it really ran
 (`DIR/rank{R}.json`: distributed type, process count, how the parameters are laid out, which `rpg_trl` it imported),
-for `tests/test_launch_configs.py` to tell a run that sharded from a silent fallback. Test-side only: nothing in `rpg_trl/` imports this file.
+for `tests/test_launch_configs.py` to tell a run that sharded from a silent fallback; with `RPG_VLLM_RECORD=DIR`, how
+vLLM's log-probs compared with the trainer's at every generation (`DIR/rank{R}.jsonl`); with
+`RPG_TEST_KILL_SERVER=PGID:N:STAMP`, the vLLM server is killed in the middle of a request. Test-side only: nothing in `rpg_trl/` imports this file.
 """
 
 import importlib
@@ -94,12 +96,70 @@ def report_backend(directory: str) -> None:
     Trainer.train = recorded_train
 
 
+def record_vllm_logps(directory: str) -> None:
+    """Not a shim: each process appends, for every round of TRL's `_generate_and_score_completions` (every vLLM
+    generation), how vLLM's log-probs of the sampled tokens compare with the trainer's (`old_per_token_logps`, TRL's
+    forward pass of the weights just synced) to `DIR/rank{R}.jsonl`: the step, the number of completion tokens, how
+    many of them have a finite log-prob on each side, and the largest gap over them (the training is unchanged)."""
+    from trl import GRPOTrainer
+
+    generate = GRPOTrainer._generate_and_score_completions
+
+    def recorded(self, inputs):
+        output = generate(self, inputs)
+        mask = output["completion_mask"].bool()
+        vllm, old = output.get("sampling_per_token_logps"), output.get("old_per_token_logps")
+        row = {"step": self.state.global_step, "tokens": int(mask.sum()), "old_logps": old is not None}
+        if vllm is not None and old is not None:
+            vllm, old = vllm.detach().float()[mask], old.detach().float()[mask]
+            row["finite_vllm"], row["finite_trainer"] = int(vllm.isfinite().sum()), int(old.isfinite().sum())
+            row["max_gap"] = (vllm - old).abs().max().item() if vllm.numel() else None
+        os.makedirs(directory, exist_ok=True)
+        with open(os.path.join(directory, f"rank{self.accelerator.process_index}.jsonl"), "a") as f:
+            f.write(json.dumps(row) + "\n")
+        return output
+
+    GRPOTrainer._generate_and_score_completions = recorded
+
+
+def kill_server_mid_request(spec: str) -> None:
+    """The fault, from the main process: `PGID:N:STAMP` kills the vLLM server's process group (SIGKILL) right after
+    the N-th generation request (`/v1/completions`) has been sent to it, before its answer (the request is in flight), and writes the
+    time of the kill (`time.time()`) to the file STAMP. TRL's client then retries 5 times with an exponential back-off
+    (about a minute); the retries are made back to back here, so that the test measures what follows them."""
+    import signal
+    import time
+
+    from urllib3.connection import HTTPConnection
+    from urllib3.util.retry import Retry
+
+    pgid, nth, stamp = spec.split(":", 2)
+    request, sent = HTTPConnection.request, []
+
+    def request_then_kill(self, method, url, *args, **kwargs):
+        result = request(self, method, url, *args, **kwargs)
+        if url.rstrip("/").endswith("/v1/completions"):  # TRL's `VLLMClient.generate`
+            sent.append(url)
+            if len(sent) == int(nth):
+                os.killpg(int(pgid), signal.SIGKILL)
+                with open(stamp, "w") as f:
+                    f.write(repr(time.time()))
+        return result
+
+    HTTPConnection.request = request_then_kill
+    Retry.get_backoff_time = lambda self: 0.0
+
+
 def main() -> None:
     skip_deepspeed_shm_build()
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
         apply_fsdp_plugin_on_cpu()
     if os.environ.get("RPG_LAUNCH_REPORT"):
         report_backend(os.environ["RPG_LAUNCH_REPORT"])
+    if os.environ.get("RPG_VLLM_RECORD"):
+        record_vllm_logps(os.environ["RPG_VLLM_RECORD"])
+    if os.environ.get("RPG_TEST_KILL_SERVER"):
+        kill_server_mid_request(os.environ["RPG_TEST_KILL_SERVER"])
     script = os.path.abspath(sys.argv[1])
     sys.argv = [script, *sys.argv[2:]]
     sys.path[0] = os.path.dirname(script)  # as when the script is run directly (rpg_math imports its sibling)

@@ -154,7 +154,9 @@ class VLLMServer:
         self.process = None
 
     def kill(self) -> None:
-        """The fault: SIGKILL to the whole server at once, as a crashed node."""
+        """The fault: SIGKILL to the whole server at once, as a crashed node (nothing if it is down already)."""
+        if self.process is None:
+            return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait(timeout=20)

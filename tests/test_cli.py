@@ -312,7 +312,12 @@ def test_a_run_is_keyed_by_everything_that_defines_it(tmp_path):
 
     args = bench_algos.BenchAlgosArguments(quick=True, output_dir=str(tmp_path))
     config = bench_kl.kl_arm_config("RPG-URKL, token, default")
-    assert config == {"trainer": "rpg", "divergence": "urkl", "kl_level": "token", "kl_clip_mode": DEFAULT_KL_CLIP_MODE}
+    assert config == {
+        "trainer": "rpg",
+        "divergence": "urkl",
+        "kl_level": "token",
+        "kl_clip_mode": DEFAULT_KL_CLIP_MODE,
+    }
     assert bench_kl.kl_arm_config("TRL k3 (corrected)") == {"trainer": "grpo", "use_bias_correction_kl": True}
     spec = runs.run_spec(args, {3: str(tmp_path / "warm")}, 3, config=config, arm="a", beta=0.2, learning_rate=1e-3)
     assert spec["sft_steps"] == args.sft_steps and spec["sft_extra_rounds"] == args.sft_extra_rounds

@@ -143,8 +143,14 @@ def test_token_kl_to_reference_is_the_mean_exact_kl_over_the_policys_own_complet
     reference.eval()
     inputs = tokenizer([addition.prompt_of(a, b) for a, b in pairs], return_tensors="pt", padding=True)
     config = GenerationConfig(
-        max_new_tokens=addition.MAX_COMPLETION_LENGTH, do_sample=True, temperature=1.0, top_k=None, top_p=None,
-        num_return_sequences=2, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        max_new_tokens=addition.MAX_COMPLETION_LENGTH,
+        do_sample=True,
+        temperature=1.0,
+        top_k=None,
+        top_p=None,
+        num_return_sequences=2,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
     )
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         torch.manual_seed(5)
@@ -166,4 +172,6 @@ def test_token_kl_to_reference_is_the_mean_exact_kl_over_the_policys_own_complet
     assert count > len(pairs)
     assert measured == pytest.approx(total / count, rel=1e-4)
     assert measured > 0.01
-    assert evaluation.token_kl_to_reference(model, model, tokenizer, pairs, num_samples=2) == pytest.approx(0, abs=1e-6)
+    assert evaluation.token_kl_to_reference(model, model, tokenizer, pairs, num_samples=2) == pytest.approx(
+        0, abs=1e-6
+    )

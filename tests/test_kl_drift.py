@@ -40,7 +40,12 @@ def test_rising_kl_with_falling_entropy_warns_once_naming_the_settings():
     assert warned == [65]  # the first step of batch 5: batches 1-4 are finished
     assert len(record) == 1
     message = str(record[0].message)
-    for expected in ("went 0.26, 0.72, 1.5", "kl_clip_mode='truncated'", "learning_rate (now 0.002)", "beta (now 0.2)"):
+    for expected in (
+        "went 0.26, 0.72, 1.5",
+        "kl_clip_mode='truncated'",
+        "learning_rate (now 0.002)",
+        "beta (now 0.2)",
+    ):
         assert expected in message
 
 

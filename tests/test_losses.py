@@ -615,7 +615,11 @@ def test_sequence_level_weight_of_each_kl_clip_mode_for_both_estimators(divergen
     # give that gradient (the differentiable one in straight-through form), the reward term is RPG-Style Clip's.
     lp, old, ref, adv, mask = make_inputs(seed=12, spread=1.5, with_ref=with_ref)
     kw = dict(
-        divergence=divergence, beta=BETA, clip=True, kl_level="sequence", aggregation="seq-mean-token-sum",
+        divergence=divergence,
+        beta=BETA,
+        clip=True,
+        kl_level="sequence",
+        aggregation="seq-mean-token-sum",
         kl_clip_mode=mode,
     )
     with warnings.catch_warnings():

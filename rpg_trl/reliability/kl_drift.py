@@ -99,8 +99,7 @@ class KLDriftMonitor:
         growing = kl[2] >= KL_GROWTH * kl[1] and kl[1] >= KL_GROWTH * kl[0]
         bound = WEIGHT_FACTOR * self.clip_c
         far = (
-            all(b["weight_max"] is not None and b["weight_max"] > bound for b in recent[1:])
-            and kl[2] > kl[1] > kl[0]
+            all(b["weight_max"] is not None and b["weight_max"] > bound for b in recent[1:]) and kl[2] > kl[1] > kl[0]
         )
         if not (growing or far):
             return False

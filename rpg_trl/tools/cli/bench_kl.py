@@ -91,12 +91,11 @@ def kl_arm_config(arm: str) -> dict:
 
 def kl_job(spec: dict, run_dir: str) -> dict:
     """Train one arm of the KL table and return its held-out true and proxy rewards over training and at the end."""
+    from transformers import AutoModelForCausalLM
     from trl import GRPOConfig, GRPOTrainer
 
     from rpg_trl.config import RPGConfig
     from rpg_trl.trainer import RPGTrainer
-
-    from transformers import AutoModelForCausalLM
 
     from ..toy.addition import build_rl_dataset, evaluation_seed
     from ..toy.curves import metric_series
@@ -319,7 +318,7 @@ def format_kl_readings(arms: list[str]) -> str:
     from .warm_start_bench import markdown_table
 
     return markdown_table(
-        "**Which reading each arm is** (docs/design.md, \"The KL term outside the trust region\").",
+        '**Which reading each arm is** (docs/design.md, "The KL term outside the trust region").',
         ["Arm", "Reading"],
         [[arm, kl_reading(arm)] for arm in arms],
     )

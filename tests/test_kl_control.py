@@ -236,7 +236,11 @@ def test_two_processes_reach_the_same_beta_as_one(tiny_model_dir, tmp_path):
     assert ranks[0] == ranks[1]  # both processes hold the same β, bit for bit, in the controller and in the loss
     assert ranks[0]["controller_beta"] == ranks[0]["loss_beta"]
     assert len(single["beta"]) == 4 and len(set(single["beta"])) == 4 and single["kl"][1] > 0
-    assert ranks[0]["kl"] == pytest.approx(single["kl"], rel=1e-6)
+    # The KL after three updates at learning rate 1.0 carries the order of the float32 sums (one process accumulates,
+    # two all-reduce): measured 8.8e-6 relative at the 4th step on an Intel Xeon under ATEN_CPU_CAPABILITY=default,
+    # whose KL weight outside the trust region is no longer saturated (kl_clip_mode). A β that the processes did not
+    # share moves it by percents.
+    assert ranks[0]["kl"] == pytest.approx(single["kl"], rel=3e-5)
     assert ranks[0]["beta"] == pytest.approx(single["beta"], rel=1e-9)
     assert ranks[0]["loss_beta"] == pytest.approx(single["loss_beta"], rel=1e-9)
 

@@ -8,6 +8,36 @@ import functools
 from .addition import MAX_COMPLETION_LENGTH, addition_reward, prompt_of
 
 
+def _sample(model, tokenizer, pairs, *, num_samples: int, greedy: bool, seed: int, max_new_tokens: int):
+    """`model`'s completions for the problems `pairs` (left-padded prompts), at temperature 1.0 without top-k/top-p
+    filtering, `num_samples` per problem (one greedy completion with `greedy`), from their own seeded random stream, in
+    eval mode (the mode is restored); returns the tokenized prompts and the generated ids (prompt + completion)."""
+    import torch
+    from transformers import GenerationConfig
+
+    if not pairs:
+        raise ValueError("`pairs` is empty: there is nothing to evaluate.")
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=not greedy,
+        temperature=1.0 if not greedy else None,
+        top_k=None,
+        top_p=None,
+        num_return_sequences=1 if greedy else num_samples,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    was_training = model.training
+    model.eval()
+    try:
+        inputs = tokenizer([prompt_of(a, b) for a, b in pairs], return_tensors="pt", padding=True).to(model.device)
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return inputs, model.generate(**inputs, generation_config=config)
+    finally:
+        model.train(was_training)
+
+
 def heldout_scores(
     model,
     tokenizer,
@@ -29,33 +59,14 @@ def heldout_scores(
     random stream, so evaluating does not change the training run, and evaluating the same model twice gives the same
     numbers.
     """
-    import torch
-    from transformers import GenerationConfig
-
     if not pairs:
         raise ValueError("`pairs` is empty: there is nothing to evaluate.")
     if not reward_funcs:
         raise ValueError("`reward_funcs` is empty: name at least one reward function to score the completions with.")
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=not greedy,
-        temperature=1.0 if not greedy else None,
-        top_k=None,
-        top_p=None,
-        num_return_sequences=1 if greedy else num_samples,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    inputs, output = _sample(
+        model, tokenizer, pairs, num_samples=num_samples, greedy=greedy, seed=seed, max_new_tokens=max_new_tokens
     )
-    was_training = model.training
-    model.eval()
-    try:
-        inputs = tokenizer([prompt_of(a, b) for a, b in pairs], return_tensors="pt", padding=True).to(model.device)
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            output = model.generate(**inputs, generation_config=config)
-        texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-    finally:
-        model.train(was_training)
+    texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     repeats = len(texts) // len(pairs)
     solutions = [str(a + b) for a, b in pairs for _ in range(repeats)]
     scores = {}
@@ -84,51 +95,37 @@ def token_kl_to_reference(
     Sampling uses its own seeded random stream.
     """
     import torch
-    from transformers import GenerationConfig
 
-    if not pairs:
-        raise ValueError("`pairs` is empty: there is nothing to evaluate.")
-    config = GenerationConfig(
-        max_new_tokens=max_new_tokens,
-        do_sample=True,
-        temperature=1.0,
-        top_k=None,
-        top_p=None,
-        num_return_sequences=num_samples,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    inputs, output = _sample(
+        model, tokenizer, pairs, num_samples=num_samples, greedy=False, seed=seed, max_new_tokens=max_new_tokens
     )
-    was_training = model.training
-    model.eval()
-    try:
-        inputs = tokenizer([prompt_of(a, b) for a, b in pairs], return_tensors="pt", padding=True).to(model.device)
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            output = model.generate(**inputs, generation_config=config)
-            prompt_length = inputs["input_ids"].shape[1]
-            completion = output[:, prompt_length:]
-            # The completion's tokens up to and including the first end token.
-            is_eos = completion == tokenizer.eos_token_id
-            after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
-            completion_mask = ~after_eos
-            prompt_mask = inputs["attention_mask"].repeat_interleave(num_samples, dim=0)
-            attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=-1)
-            # Position p's logits predict token p + 1: the completion's tokens are predicted from prompt_length − 1 on.
-            positions = slice(prompt_length - 1, output.shape[1] - 1)
-            # Position ids that skip the left padding, as generation used them.
-            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    prompt_length = inputs["input_ids"].shape[1]
+    completion = output[:, prompt_length:]
+    # The completion's tokens up to and including the first end token.
+    is_eos = completion == tokenizer.eos_token_id
+    after_eos = (is_eos.cumsum(-1) - is_eos.long()) > 0
+    completion_mask = ~after_eos
+    prompt_mask = inputs["attention_mask"].repeat_interleave(num_samples, dim=0)
+    attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=-1)
+    # Position p's logits predict token p + 1: the completion's tokens are predicted from prompt_length − 1 on.
+    positions = slice(prompt_length - 1, output.shape[1] - 1)
+    # Position ids that skip the left padding, as generation used them.
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
-            def log_probs(m):
-                logits = m(output, attention_mask=attention_mask, position_ids=position_ids).logits
-                return torch.log_softmax(logits[:, positions].float(), -1)
+    def log_probs(m):
+        was_training = m.training
+        m.eval()
+        try:
+            logits = m(output, attention_mask=attention_mask, position_ids=position_ids).logits
+        finally:
+            m.train(was_training)
+        return torch.log_softmax(logits[:, positions].float(), -1)
 
-            reference.eval()
-            log_p, log_q = log_probs(model), log_probs(reference)
-            kl = (log_p.exp() * (log_p - log_q)).sum(-1)
-            mask = completion_mask.to(kl.dtype)
-            return float((kl * mask).sum() / mask.sum().clamp(min=1.0))
-    finally:
-        model.train(was_training)
+    with torch.no_grad():
+        log_p, log_q = log_probs(model), log_probs(reference)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    mask = completion_mask.to(kl.dtype)
+    return float((kl * mask).sum() / mask.sum().clamp(min=1.0))
 
 
 def heldout_accuracy(model, tokenizer, pairs, *, num_samples: int = 4, greedy: bool = False, seed: int = 0) -> float:

@@ -5,6 +5,7 @@ its held-out evaluation, quiet training, and the summary of the run (held-out ac
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -92,10 +93,12 @@ def train_quietly(trainer) -> float:
     return seconds
 
 
+@functools.cache
 def library_versions() -> dict[str, str]:
     """What, besides its settings, defines a run's result: the versions of Python and of the libraries that train it, and
     a digest of ``rpg_trl``'s own source outside the command line (the library and the toy task), so that a cached
-    result is not read back after the code that produced it changed."""
+    result is not read back after the code that produced it changed. Computed once per command (every run's
+    specification holds a copy)."""
     import hashlib
     import importlib.metadata
     import platform
@@ -130,7 +133,7 @@ def run_spec(args, sft_dirs: dict[int, str], seed: int, *, config: dict, **arm) 
         "eval_every": args.eval_every,
         "eval_problems": args.eval_problems,
         "eval_samples": args.eval_samples,
-        "versions": library_versions(),
+        "versions": dict(library_versions()),
     }
 
 

@@ -154,6 +154,13 @@ class BenchAlgosArguments:
         metadata={"help": "Seeds of the KL robustness sweep (fresh: neither selection nor final seeds)."},
     )
     sweep_betas: list[float] | None = field(default=None, metadata={"help": "β values of the KL robustness sweep."})
+    sweep_arms: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Arms of the KL robustness sweep (any arm of rpg_trl.tools.cli.bench_kl.ALL_KL_ARMS). Default: "
+            "KL_SWEEP_ARMS."
+        },
+    )
     sweep_learning_rates: list[float] | None = field(
         default=None, metadata={"help": "Learning rates of the KL robustness sweep."}
     )
@@ -174,7 +181,7 @@ class BenchAlgosArguments:
     )
 
     def __post_init__(self):
-        from .bench_kl import ALL_KL_ARMS, KL_ARMS
+        from .bench_kl import ALL_KL_ARMS, KL_ARMS, KL_SWEEP_ARMS
 
         apply_preset(self, self.presets, self.quick)
         check_arguments(
@@ -194,6 +201,7 @@ class BenchAlgosArguments:
         self.tables = chosen(self.tables, dict.fromkeys(TABLES), list(TABLES), "table")
         self.algorithms = chosen(self.algorithms, ALGORITHMS, list(ALGORITHMS), "algorithm")
         self.kl_arms = chosen(self.kl_arms, ALL_KL_ARMS, list(KL_ARMS), "KL arm")
+        self.sweep_arms = chosen(self.sweep_arms, ALL_KL_ARMS, list(KL_SWEEP_ARMS), "sweep arm")
         if not self.regimes or any(isinstance(r, bool) or not isinstance(r, int) or r < 1 for r in self.regimes):
             raise ValueError(f"`regimes` must list integers >= 1 (steps per generation); got {self.regimes!r}.")
         if not self.learning_rates or any(not lr > 0 for lr in self.learning_rates):

@@ -61,11 +61,18 @@ KL_ARMS = {
 #: Arms run apart (``--kl_arms``). "RPG-URKL, token, no clip": RPG's corrected KL without RPG-Style Clip (the exact
 #: weight W on every token, the reward term unclipped too; the first KL table's follow-up). "... default": the
 #: library's default KL clip mode, for the runs made after it was chosen; "..., adaptive β": with the KL target δ
-#: [`KL_TARGET`] (`kl_target`), β starting from the table's.
+#: [`KL_TARGET`] (`kl_target`), β starting from the table's; "RPG-FKL, ...": the normalised forward KL per mode.
 KL_FOLLOW_UP_ARMS = {
     "RPG-URKL, token, no clip": {"divergence": "urkl", "kl_level": "token", "rpg_clip": False},
     "RPG-URKL, token, default": {"divergence": "urkl", "kl_level": "token"},
     "RPG-URKL, token, default, adaptive β": {"divergence": "urkl", "kl_level": "token", "kl_target": KL_TARGET},
+    # The normalised forward KL, whose weight K = −r does not grow with w (the third KL protocol measures whether
+    # truncating it matters).
+    **{
+        f"RPG-FKL, {level}, {mode}": {"divergence": "fkl", "kl_level": level, "kl_clip_mode": mode}
+        for level in ("token", "sequence")
+        for mode in ("exact", "truncated")
+    },
 }
 ALL_KL_ARMS = {**KL_ARMS, **KL_FOLLOW_UP_ARMS}
 #: The arms of the robustness sweep (``--tables kl_sweep``): the default weighting, Algorithm 1's reading and TRL's
@@ -325,7 +332,7 @@ def format_kl_readings(arms: list[str]) -> str:
 
 
 def run_kl_sweep(args, sft_dirs: dict[int, str], pool) -> dict:
-    """The robustness sweep: every arm of [`KL_SWEEP_ARMS`] at every β of ``args.sweep_betas`` and learning rate of
+    """The robustness sweep: every arm of ``args.sweep_arms`` (default [`KL_SWEEP_ARMS`]) at every β of ``args.sweep_betas`` and learning rate of
     ``args.sweep_learning_rates`` on the sweep seeds (fresh: neither selection nor final seeds). Nothing is selected;
     every cell is reported."""
     from .protocol import run_jobs
@@ -333,7 +340,7 @@ def run_kl_sweep(args, sft_dirs: dict[int, str], pool) -> dict:
 
     root = Path(args.output_dir) / "kl_sweep"
     jobs = _kl_jobs(
-        args, sft_dirs, list(KL_SWEEP_ARMS), args.sweep_betas, args.sweep_seeds, root, args.sweep_learning_rates
+        args, sft_dirs, list(args.sweep_arms), args.sweep_betas, args.sweep_seeds, root, args.sweep_learning_rates
     )
     results = run_jobs(
         jobs, kl_job, pool=pool, num_threads=args.num_threads, describe=describe_run, desc="KL sweep: runs"

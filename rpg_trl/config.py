@@ -29,6 +29,7 @@ from .losses import (
     KLSignWarning,
     RPGLossSpec,
     kl_can_flip_sign,
+    kl_sign_message,
 )
 
 
@@ -237,16 +238,9 @@ class RPGLossArguments:
                 "(no reference model exists; it moves with every generation already). Set `kl_anchor='reference'` "
                 "(or leave it unset), or remove the option."
             )
-        if self.kl_anchor == "reference" and kl_can_flip_sign(self.rpg_loss_spec()):
-            warnings.warn(
-                f"kl_clip_mode={self.kl_clip_mode!r} with kl_anchor='reference' takes the KL weight at the clipped "
-                "importance weight; where the reference is not the sampling policy that weight can have the opposite "
-                "sign of the exact one, and the KL then pushes the policy away from the reference on tokens outside the "
-                "trust region (docs/design.md). Use a mode that keeps the sign: kl_clip_mode='truncated' (the default) or "
-                "'exact'.",
-                KLSignWarning,
-                stacklevel=4,
-            )
+        spec, separate_reference = self.rpg_loss_spec(), self.kl_anchor == "reference"
+        if kl_can_flip_sign(spec, separate_reference):
+            warnings.warn(kl_sign_message(spec, separate_reference), KLSignWarning, stacklevel=4)
         if self.kl_anchor == "reference" and self.beta == 0.0:
             chosen = f" (chosen because {reason} asks for a reference)" if reference_requested else ""
             raise ValueError(

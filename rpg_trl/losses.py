@@ -123,6 +123,11 @@ class KLTerm:
     #: unnormalised ones, zero in expectation): it is dropped when the prefix ratios are clipped, since
     #: ``E_old[W̄≤t·∇log π_θ] ≠ 0`` once ``W̄≤t ≠ W≤t`` (docs/design.md).
     sequence_score_term: bool = False
+    #: Which importance weights ``K`` grows with, i.e. what ``kl_clip_mode="truncated"`` bounds: ``"none"`` (``K``
+    #: does not grow with w: fkl's ``−r``, left exact), ``"own"`` (the token's ``w``, and at the sequence level its own
+    #: prefix ``W≤t``: ufkl) or ``"to_go"`` (the token's ``w``, and at the sequence level every prefix ``W≤t'``,
+    #: ``t' ≥ t``, of its KL-to-go: rkl, urkl).
+    grows_with: str = "own"
 
 
 def _W_before_times_w(p: Prefixes, log_w: torch.Tensor) -> torch.Tensor:
@@ -147,6 +152,7 @@ KL_TERMS: dict[str, KLTerm] = {
         weight=lambda w, r, log_w, log_r: -r * torch.ones_like(w),
         sequence_value=lambda p, log_w, log_r: torch.exp(p.log_R) * (log_r - log_w),
         sequence_weight=lambda W, R, log_rho: -R * torch.ones_like(W),
+        grows_with="none",
     ),
     "ufkl": KLTerm(
         "UKL(π_ref‖π_θ)",
@@ -167,6 +173,7 @@ KL_TERMS: dict[str, KLTerm] = {
         sequence_value=lambda p, log_w, log_r: torch.exp(p.log_W) * (log_w - log_r),
         sequence_weight=lambda W, R, log_rho: _reverse_cumsum(W * log_rho) + W,
         sequence_score_term=True,
+        grows_with="to_go",
     ),
     "urkl": KLTerm(
         "UKL(π_θ‖π_ref) = E_θ[k3(π_ref/π_θ)]",
@@ -177,6 +184,7 @@ KL_TERMS: dict[str, KLTerm] = {
             torch.exp(p.log_W) * (log_w - log_r) - _W_before_times_w(p, log_w) + torch.exp(p.log_R)
         ),
         sequence_weight=lambda W, R, log_rho: _reverse_cumsum(W * log_rho),
+        grows_with="to_go",
     ),
     "k3": KLTerm(
         "UKL(π_θ‖π_ref) estimated by GRPO's k3 without importance weight (biased off-policy)",
@@ -351,6 +359,11 @@ class RatioTensors:
     token_w: torch.Tensor  #: exp(token_log_w), detached (``w`` itself when the importance sampling is per token)
     token_r: torch.Tensor  #: exp(token_log_r) (``r`` itself when the importance sampling is per token)
     active: torch.Tensor  #: the active (unmasked) tokens, bool
+    #: The differentiable token-level log w and w of the KL term (``log_w`` and ``w`` themselves when the importance
+    #: sampling is per token): the KL keeps its own token weights under GSPO's sequence-level ratio, which is for the
+    #: reward term.
+    kl_log_w: torch.Tensor = None
+    kl_w: torch.Tensor = None
     #: [`token_kl`] per row of the KL table, computed once
     token_kl_values: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict, repr=False)
 
@@ -378,7 +391,9 @@ def importance_ratios(
     """Compute ``w`` and ``r`` (module notation) in the promoted float dtype, clamped before ``exp``.
 
     With ``importance_sampling_level="sequence"`` every token of a sequence gets the sequence's geometric-mean ratio
-    (GSPO-style); Proposition 4.1 holds for token-level weights only.
+    (GSPO-style) in the reward term; the KL term keeps the token ratios (``kl_log_w``, ``token_w``, ``token_r``), so
+    that each token's KL gradient follows its own ``log ρ`` (docs/trl_options.md). Proposition 4.1 holds for
+    token-level weights only.
     """
     dtype = torch.promote_types(logps.dtype, torch.float32)
     zero = torch.zeros((), dtype=dtype, device=logps.device)
@@ -398,15 +413,17 @@ def importance_ratios(
         if ref_logps is not None:
             log_r = torch.where(active, (token_log_r * mask).sum(-1, keepdim=True) / lengths, zero)
             r = torch.exp(log_r)
-        token_log_w = token_log_ratio.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
         w = torch.exp(log_w)
-        token_w = torch.exp(token_log_w)
+        kl_log_w = clamp_log_ratio(token_log_ratio)
+        kl_w = torch.exp(kl_log_w)
+        token_log_w, token_w = kl_log_w.detach(), kl_w.detach()
     else:  # the token-level ratios are the ratios of the loss: computed once
         log_w = clamp_log_ratio(token_log_ratio)
         log_r, r = token_log_r, token_r
         token_log_w = log_w.detach()
         w = torch.exp(log_w)
         token_w = w.detach()
+        kl_log_w, kl_w = log_w, w
     return RatioTensors(
         token_log_ratio=token_log_ratio,
         log_w=log_w,
@@ -418,6 +435,8 @@ def importance_ratios(
         token_w=token_w,
         token_r=token_r,
         active=active,
+        kl_log_w=kl_log_w,
+        kl_w=kl_w,
     )
 
 
@@ -469,7 +488,7 @@ class _ValueWithGradient(torch.autograd.Function):
 # ============================================================================================== the KL term
 def kl_values(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
     """The divergence estimate per token, ``S`` (B, T), differentiable: the importance-weighted per-token estimate
-    (``kl_level="token"``, at the reward term's ``w``), or the terms whose sum over a completion estimates the divergence
+    (``kl_level="token"``, at the token ratios whatever the importance-sampling level), or the terms whose sum over a completion estimates the divergence
     between whole completions (``kl_level="sequence"``). GRPO's uncorrected k3 is evaluated at the token ratios."""
     term = spec.kl_term
     if not term.importance_weighted:
@@ -478,12 +497,13 @@ def kl_values(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
     if spec.kl_level == "sequence":
         log_w = clamp_log_ratio(ratios.token_log_ratio)
         return term.sequence_value(ratios.prefixes, log_w, ratios.token_log_r)
-    return term.value(ratios.w, ratios.r, ratios.log_w, ratios.log_r)
+    return term.value(ratios.kl_w, ratios.token_r, ratios.kl_log_w, ratios.token_log_r)
 
 
 def _exact_token_weight(term: KLTerm, ratios: RatioTensors, spec: RPGLossSpec, regions: ClipRegions) -> torch.Tensor:
-    """``K(w, r)`` at the unclipped (clamped) ``w``."""
-    return term.weight(ratios.w.detach(), ratios.r, ratios.log_w.detach(), ratios.log_r)
+    """``K(w, r)`` at the unclipped (clamped) token ratios (never the sequence's GSPO-style ratio: the KL keeps its own
+    importance weights whatever ``importance_sampling_level`` is)."""
+    return term.weight(ratios.token_w, ratios.token_r, ratios.token_log_w, ratios.token_log_r)
 
 
 def _truncation(w: torch.Tensor, spec: RPGLossSpec) -> torch.Tensor:
@@ -493,14 +513,19 @@ def _truncation(w: torch.Tensor, spec: RPGLossSpec) -> torch.Tensor:
 
 def _truncated_token_weight(term, ratios, spec, regions) -> torch.Tensor:
     """``min(1, c/w)·K(w, r)``: every row's ``K`` is ``w·h(ρ)`` (``h = −1/ρ``, ``1 − 1/ρ``, ``log ρ + 1``, ``log ρ``
-    for fkl, ufkl, rkl, urkl), and the importance weight ``w`` is truncated at c while ``h(ρ)`` stays exact."""
-    return _exact_token_weight(term, ratios, spec, regions) * _truncation(ratios.w.detach(), spec)
+    for fkl, ufkl, rkl, urkl), and the importance weight ``w`` is truncated at c while ``h(ρ)`` stays exact. fkl's
+    ``K = −r`` does not grow with w (``KLTerm.grows_with == "none"``): truncating it would bias it with no variance to
+    save, so it stays exact."""
+    weight = _exact_token_weight(term, ratios, spec, regions)
+    if term.grows_with == "none":
+        return weight
+    return weight * _truncation(ratios.token_w, spec)
 
 
 def _clipped_token_weight(term, ratios, spec, regions) -> torch.Tensor:
     """``K(w̄, r)`` with ``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` and ``log w̄`` (Remark F.2, Algorithm 1)."""
-    w_bar = ratios.w.detach().clamp(1.0 - spec.epsilon_low, 1.0 + spec.epsilon_high)
-    return term.weight(w_bar, ratios.r, _clip_log(ratios.log_w, spec), ratios.log_r)
+    w_bar = ratios.token_w.clamp(1.0 - spec.epsilon_low, 1.0 + spec.epsilon_high)
+    return term.weight(w_bar, ratios.token_r, _clip_log(ratios.token_log_w, spec), ratios.token_log_r)
 
 
 def _stopped_token_weight(term, ratios, spec, regions) -> torch.Tensor:
@@ -520,13 +545,29 @@ def _exact_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     return term.sequence_weight(*_sequence_ratios(ratios))
 
 
+def _suffix_max(x: torch.Tensor) -> torch.Tensor:
+    """``max_{t'≥t} x_t'`` along the last dimension."""
+    return x.flip(-1).cummax(-1).values.flip(-1)
+
+
+def sequence_truncation(term: KLTerm, W: torch.Tensor, spec: RPGLossSpec) -> torch.Tensor:
+    """The factor ``s_t = min(1, c / M_t)`` of ``kl_clip_mode="truncated"`` at the sequence level, one per token, with
+    ``M_t`` the largest prefix ratio that ``K_t`` weighs: ``W≤t`` for ufkl, ``max_{t'≥t} W≤t'`` (the KL-to-go) for rkl
+    and urkl; 1 for fkl, whose ``K_t = −R≤t`` does not grow with the prefix ratios. ``W``: the exact ``W≤t`` (B, T)
+    (past a completion's end the prefix stays at its last value, so padding never raises ``M_t``)."""
+    if term.grows_with == "none":
+        return torch.ones_like(W)
+    return _truncation(_suffix_max(W) if term.grows_with == "to_go" else W, spec)
+
+
 def _truncated_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
-    """``K_t`` with every prefix ratio ``W≤t'`` that weighs a term truncated to ``min(W≤t', c)``: each summand of
-    ``K_t`` keeps its exact sign (``W≤t·h_t`` becomes ``min(W≤t, c)·h_t``; as at the token level, ``R≤t = W≤t·(R≤t/W≤t)``
-    is scaled with it)."""
+    """``s_t·K_t``: the exact KL-to-go of each token scaled as a whole by one factor ``s_t = min(1, c / M_t)`` in
+    ``(0, 1]`` ([`sequence_truncation`]), so each token's KL weight keeps the exact sign, is bounded by ``c`` times
+    the sum of its ``|log ρ|`` to go (urkl), and equals the exact weight wherever none of the prefix ratios it weighs
+    exceeds ``c``. (Truncating each prefix on its own, ``Σ_{t'≥t} min(W≤t', c)·log ρ_t'``, can flip the sign of the
+    sum; docs/design.md.)"""
     W, R, log_rho = _sequence_ratios(ratios)
-    s = _truncation(W, spec)
-    return term.sequence_weight(W * s, R * s, log_rho)
+    return term.sequence_weight(W, R, log_rho) * sequence_truncation(term, W, spec)
 
 
 def _clipped_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
@@ -546,23 +587,41 @@ def _stopped_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     return _exact_sequence_weight(term, ratios, spec, regions).masked_fill(regions.any, 0.0)
 
 
+def _never_flips(kl_level: str, divergence: str, separate_reference: bool) -> bool:
+    return False
+
+
+def _clipped_flips(kl_level: str, divergence: str, separate_reference: bool) -> bool:
+    # fkl's weight (−r per token, −R≤t per prefix) holds no w, so clipping leaves it exact. Per token with r = 1, urkl's
+    # w̄·log w̄ and ufkl's w̄ − 1 have the sign of log w; rkl's w̄·(log w̄ + 1) > 0 where the exact w·(log w + 1) < 0
+    # (w < 1/e). Over whole completions the clipped prefixes and the dropped score term flip signs even with r = 1.
+    if divergence == "fkl":
+        return False
+    return kl_level == "sequence" or separate_reference or divergence == "rkl"
+
+
 @dataclass(frozen=True)
 class KLClipMode:
     """One reading of what RPG-Style Clip does to the KL term outside the trust region (``kl_clip_mode``).
 
-    The paper's text, pseudo-code and code disagree here (docs/design.md, "The KL term outside the trust region"). Inside
-    the trust region every mode gives the exact weight ``K``. ``token_weight`` and ``sequence_weight`` take
-    ``(term, ratios, spec, regions)`` and return the detached KL weight per token, (B, T), at ``kl_level="token"`` and
-    ``"sequence"``.
+    The paper's text, pseudo-code and code disagree here (docs/design.md, "The KL term outside the trust region"). At
+    the token level, inside the trust region every mode gives the exact weight ``K``. At the sequence level a token's
+    ``K_t`` weighs prefix ratios ``W≤t'`` that can lie outside the trust region (and beyond ``c``) while its own ``w_t``
+    is inside: ``"exact"`` is exact everywhere, ``"truncated"`` wherever no prefix ratio that ``K_t`` weighs exceeds
+    ``c``, ``"stopped"`` wherever the reward term is not clipped, ``"clipped"`` only where every prefix ratio it weighs
+    and ``w_t`` lie in the trust region. ``token_weight`` and ``sequence_weight`` take ``(term, ratios, spec,
+    regions)`` and return the detached KL weight per token, (B, T), at ``kl_level="token"`` and ``"sequence"``.
     """
 
     reading: str  #: what the mode does, in one line
     source: str  #: the reading it implements: paper section and line, or the code it follows
-    #: True when, on every token and for any anchor, the KL gradient has the sign of the exact weight (or is 0): it
-    #: never pushes π_θ away from π_ref where the exact gradient pulls toward it.
-    keeps_sign: bool
     token_weight: Callable[..., torch.Tensor]
     sequence_weight: Callable[..., torch.Tensor]
+    #: ``(kl_level, divergence, separate_reference) -> bool``: whether, on some token, the mode's KL weight can have the
+    #: opposite sign of the exact one (the KL gradient then pushes π_θ away from its anchor where the exact one pulls
+    #: toward it); ``separate_reference``: the anchor is a reference model, not the sampling policy. False: on every
+    #: token the weight has the exact weight's sign or is 0 (checked on random batches by the tests).
+    can_flip_sign: Callable[[str, str, bool], bool] = _never_flips
 
 
 #: How the KL weight is taken outside the trust region when the clip is on (``rpg_clip=True``); with the clip off every
@@ -572,30 +631,29 @@ KL_CLIP_MODES: dict[str, KLClipMode] = {
         "the KL weight at the unclipped w on every token; only the reward term is clipped",
         "the authors' verl code (a separate KL loss at the unclipped ratio), TRL's use_bias_correction_kl, slime's "
         "--use-unbiased-kl, DeepSeek-V3.2 Eq. 7",
-        keeps_sign=True,
         token_weight=_exact_token_weight,
         sequence_weight=_exact_sequence_weight,
     ),
     "truncated": KLClipMode(
-        "the importance weight inside the KL weight truncated at clip_c: min(w, c)·h(ρ) for K = w·h(ρ), the sign of "
-        "the exact weight kept",
+        "the importance weight inside the KL weight truncated at clip_c: min(1, c/w)·K per token, one factor "
+        "min(1, c/max prefix ratio) on each token's KL-to-go over whole completions; fkl's K = −r is left exact; the "
+        "sign of the exact weight kept",
         "rpg_trl (truncated importance sampling with the dual clip's bound c)",
-        keeps_sign=True,
         token_weight=_truncated_token_weight,
         sequence_weight=_truncated_sequence_weight,
     ),
     "clipped": KLClipMode(
         "the KL weight at w̄ = clip(w, 1 − ε_low, 1 + ε_high) and log w̄ on every token (rpg_trl 0.1.0); with a "
-        "reference that is not the sampling policy it can push π_θ away from π_ref",
+        "reference that is not the sampling policy, with rkl, or over whole completions it can push π_θ away from its "
+        "anchor",
         "Algorithm 1 lines 11-17 and 32 (the KL inside the clipped advantage, the gradient through w and Â), Remark F.2",
-        keeps_sign=False,
         token_weight=_clipped_token_weight,
         sequence_weight=_clipped_sequence_weight,
+        can_flip_sign=_clipped_flips,
     ),
     "stopped": KLClipMode(
         "no KL gradient on the tokens whose reward term is clipped, the exact weight elsewhere",
         "Sec. G.2 and Algorithm 2 lines 20-34 (the gradient flows through w_t but is stopped at Â_t)",
-        keeps_sign=True,
         token_weight=_stopped_token_weight,
         sequence_weight=_stopped_sequence_weight,
     ),
@@ -688,12 +746,12 @@ def differentiable_per_token_loss(
     if reward_mask is not None:
         reward_loss = reward_loss * reward_mask
     if spec.clip and spec.kl_term.importance_weighted:
-        if spec.kl_level == "token" and spec.importance_sampling_level == "token":
-            value = token_kl(ratios, spec)  # the logged estimate: the same ratios
+        if spec.kl_level == "token":
+            value = token_kl(ratios, spec)  # the logged estimate: the same token ratios
         else:
             with torch.no_grad():
                 value = kl_values(ratios, spec)
-        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.log_w)
+        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.kl_log_w)
     else:
         kl = kl_values(ratios, spec)
     zero = torch.zeros((), dtype=reward_loss.dtype, device=reward_loss.device)
@@ -799,15 +857,8 @@ def rpg_per_token_loss(
     regulariser keeps acting on every token (as TRL adds ``β·KL`` after its masks).
     """
     spec = _resolve_spec(spec, spec_fields)
-    if ref_logps is not None and kl_can_flip_sign(spec):
-        warnings.warn(
-            f"kl_clip_mode={spec.kl_clip_mode!r} takes the KL weight at the clipped importance weight, and with a "
-            "reference that is not the sampling policy (ref_logps given) that weight can have the opposite sign of the "
-            "exact one: the KL term then pushes π_θ away from π_ref on tokens outside the trust region "
-            f"(docs/design.md). Use a mode that keeps the sign: kl_clip_mode='truncated' (the default) or 'exact'.",
-            KLSignWarning,
-            stacklevel=2,
-        )
+    if kl_can_flip_sign(spec, separate_reference=ref_logps is not None):
+        warnings.warn(kl_sign_message(spec, ref_logps is not None), KLSignWarning, stacklevel=2)
     ratios = importance_ratios(logps, old_logps, ref_logps, mask > 0, spec.importance_sampling_level)
     dtype = ratios.w.dtype
     if advantages.dim() == 1:
@@ -831,14 +882,28 @@ def rpg_per_token_loss(
     return per_token_loss, stats
 
 
-def kl_can_flip_sign(spec: RPGLossSpec) -> bool:
-    """Whether `spec`'s KL gradient can point away from a reference that is not the sampling policy: a clipped,
-    importance-weighted KL with β > 0 in a [`KL_CLIP_MODES`] entry that does not keep the exact weight's sign."""
+def kl_can_flip_sign(spec: RPGLossSpec, separate_reference: bool = True) -> bool:
+    """Whether `spec`'s KL gradient can point away from its anchor on some token (the weight of the mode with the
+    opposite sign of the exact one; [`KLClipMode.can_flip_sign`]): a clipped, importance-weighted KL with β > 0 in a
+    [`KL_CLIP_MODES`] entry that can flip the sign at `spec`'s KL level and divergence. `separate_reference`: the anchor
+    is a reference model (``ref_logps`` given, ``kl_anchor="reference"``), not the sampling policy."""
     return (
         spec.clip
         and spec.beta > 0
         and spec.kl_term.importance_weighted
-        and not KL_CLIP_MODES[spec.kl_clip_mode].keeps_sign
+        and KL_CLIP_MODES[spec.kl_clip_mode].can_flip_sign(spec.kl_level, spec.divergence, separate_reference)
+    )
+
+
+def kl_sign_message(spec: RPGLossSpec, separate_reference: bool) -> str:
+    """The text of the [`KLSignWarning`] for `spec` (for which [`kl_can_flip_sign`] is True)."""
+    anchor = "a reference model" if separate_reference else "the sampling policy"
+    return (
+        f"kl_clip_mode={spec.kl_clip_mode!r} takes the KL weight at the clipped importance weight; with "
+        f"divergence={spec.divergence!r}, kl_level={spec.kl_level!r} and the KL anchored to {anchor}, that weight can "
+        "have the opposite sign of the exact one on tokens outside the trust region, where the KL term then pushes the "
+        "policy away from its anchor (docs/design.md, 'The KL term outside the trust region'). Use a mode that keeps "
+        "the sign: kl_clip_mode='truncated' (the default) or 'exact'."
     )
 
 

@@ -262,11 +262,20 @@ def test_algorithm_1_reading_with_a_reference_model_warns_at_construction():
     # the other modes, nor without the clip.
     from rpg_trl.losses import KLSignWarning
 
-    with pytest.warns(KLSignWarning, match="away from the reference"):
+    with pytest.warns(KLSignWarning, match="anchored to a reference model.*away from its anchor"):
         RPGConfig(**COMMON, kl_anchor="reference", beta=0.1, kl_clip_mode="clipped")
+    # With the sampling anchor the per-token urkl weight saturates but keeps its sign; over whole completions (and for
+    # rkl's score term) it can flip even there, and says so.
+    for level, divergence in (("sequence", "urkl"), ("token", "rkl")):
+        with pytest.warns(KLSignWarning, match=f"kl_level='{level}' and the KL anchored to the sampling policy"):
+            RPGConfig(
+                **COMMON, kl_anchor="sampling", beta=0.1, kl_clip_mode="clipped", kl_level=level, divergence=divergence
+            )
     with warnings.catch_warnings():
         warnings.simplefilter("error", KLSignWarning)
         RPGConfig(**COMMON, kl_anchor="sampling", beta=0.1, kl_clip_mode="clipped", steps_per_generation=4)
+        RPGConfig(**COMMON, kl_anchor="reference", beta=0.1, kl_clip_mode="clipped", divergence="fkl")
+        RPGConfig(**COMMON, kl_anchor="reference", beta=0.1, kl_clip_mode="truncated", kl_level="sequence")
         RPGConfig(**COMMON, kl_anchor="reference", beta=0.1, kl_clip_mode="clipped", rpg_clip=False)
         for mode in ("exact", "truncated", "stopped"):
             config = RPGConfig(**COMMON, kl_anchor="reference", beta=0.1, kl_clip_mode=mode)

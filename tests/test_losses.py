@@ -162,7 +162,8 @@ def test_differentiable_clipped_reward_term_value_is_ppo_dual_clip():
 
 def expected_K(mode, divergence, lp, old, ref, active, clip_c=10.0):
     """The KL weight K of each `kl_clip_mode` outside the trust region, from the closed form of docs/design.md
-    (float64 numpy): "exact" K(w, r); "truncated" min(1, c/w)·K(w, r); "clipped" K(w̄, r) at w̄ = clip(w, 0.8, 1.28) and
+    (float64 numpy): "exact" K(w, r); "truncated" min(1, c/w)·K(w, r), but fkl's K = −r as is (it does not grow with
+    w); "clipped" K(w̄, r) at w̄ = clip(w, 0.8, 1.28) and
     log w̄; "stopped" K(w, r) where the reward term is active and 0 elsewhere."""
     zero_adv = np.zeros(lp.shape[0])
     K = -closed_form_W(divergence, lp, old, ref, zero_adv, 1.0)
@@ -170,7 +171,7 @@ def expected_K(mode, divergence, lp, old, ref, active, clip_c=10.0):
     if mode == "exact":
         return K
     if mode == "truncated":
-        return np.minimum(1.0, clip_c / w) * K
+        return K if divergence == "fkl" else np.minimum(1.0, clip_c / w) * K
     if mode == "clipped":
         lp_bar = old + np.log(np.clip(w, 0.8, 1.28))
         return -closed_form_W(divergence, lp_bar, old, ref, zero_adv, 1.0)
@@ -179,6 +180,7 @@ def expected_K(mode, divergence, lp, old, ref, active, clip_c=10.0):
     raise AssertionError(mode)
 
 
+@pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")  # rkl's "clipped" weight can flip with r = 1
 @pytest.mark.parametrize("mode", KL_CLIP_MODES)
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 @pytest.mark.parametrize("estimator", ESTIMATORS)
@@ -248,7 +250,7 @@ def test_algorithm_1_reading_can_push_away_from_the_reference_and_warns(divergen
     # The same batch with kl_clip_mode="clipped" (the KL weight at w̄, Algorithm 1 literally): the sign flips on some
     # tokens, and the loss says so with a KLSignWarning.
     lp, old, ref, adv, mask = wide_ratio_batch()
-    with pytest.warns(KLSignWarning, match="away from π_ref"):
+    with pytest.warns(KLSignWarning, match="away from its anchor"):
         _, grad, _ = grad_of(lp, old, ref, adv, mask, divergence=divergence, beta=0.2, kl_clip_mode="clipped")
     away = np.sign(-grad) == -np.sign(ref - lp)
     outside = (np.exp(lp - old) < 0.8) | (np.exp(lp - old) > 1.28)
@@ -575,8 +577,9 @@ def test_spec_and_keywords_together_or_unknown_keywords_are_refused():
 def sequence_K(divergence, lp, old, ref, mask, mode="exact", active=None):
     """K_t of the gradient of the divergence between whole completions (docs/design.md), float64 numpy, from the prefix
     products W≤t = Π_{s≤t} w_s and R≤t: fkl −R≤t, ufkl W≤t − R≤t, rkl Σ_{t'≥t} W≤t'·log ρ_t' + W≤t, urkl the same
-    without W≤t. Outside the trust region (`mode`, the clip on): "exact" as is; "truncated" every W≤t' replaced by
-    min(W≤t', 10) and R≤t' scaled by the same factor; "clipped" W≤t and the w_t of log ρ_t clipped to [0.8, 1.28] and
+    without W≤t. Outside the trust region (`mode`, the clip on): "exact" as is; "truncated" the exact K_t times
+    min(1, 10/M_t), M_t the largest prefix ratio that K_t weighs (W≤t for ufkl, max over t' ≥ t of W≤t' for rkl and
+    urkl; fkl as is); "clipped" W≤t and the w_t of log ρ_t clipped to [0.8, 1.28] and
     the score term W≤t of ufkl and rkl dropped; "stopped" exact, 0 where `active` is False."""
     log_w = (lp - old) * mask
     log_r = np.zeros_like(log_w) if ref is None else (ref - old) * mask
@@ -586,12 +589,12 @@ def sequence_K(divergence, lp, old, ref, mask, mode="exact", active=None):
         W = np.clip(W, 0.8, 1.28)
         log_w = np.clip(log_w, np.log(0.8), np.log(1.28))
         score = 0.0
-    elif mode == "truncated":
-        s = np.minimum(1.0, 10.0 / W)
-        W, R = W * s, R * s
-        score = W
     to_go = np.cumsum((W * (log_w - log_r))[:, ::-1], -1)[:, ::-1]
     K = {"fkl": -R, "ufkl": score - R, "rkl": to_go + score, "urkl": to_go}[divergence]
+    if mode == "truncated":
+        later_max = np.maximum.accumulate(W[:, ::-1], -1)[:, ::-1]
+        M = {"fkl": np.zeros_like(W), "ufkl": W, "rkl": later_max, "urkl": later_max}[divergence]
+        K = K * np.minimum(1.0, 10.0 / np.maximum(M, 1e-300))
     return np.where(active, K, 0.0) if mode == "stopped" else K
 
 
@@ -651,7 +654,7 @@ def test_sequence_level_kl_to_go_keeps_its_sign(mode, estimator):
         warnings.simplefilter("ignore", KLSignWarning)
         _, grad, _ = grad_of(lp, old, ref, np.zeros(8), np.ones((8, 4)), **kw)
     lowered = grad > 0  # gradient descent lowers log π_θ
-    if KL_CLIP_MODES[mode].keeps_sign:
+    if not KL_CLIP_MODES[mode].can_flip_sign("sequence", "urkl", True):
         assert lowered.all()
     else:
         assert not lowered.any()
@@ -808,3 +811,195 @@ def test_sequence_kl_metric_is_the_estimate_at_whole_completion_ratios(divergenc
         "urkl": W * (log_W - log_R) - W + R,
     }[divergence]
     assert float(metrics["kl/sequence"]) == pytest.approx(per_completion.mean(), rel=1e-10)
+
+
+# ================================================================================ the sign of the KL weight, per level
+def kl_part_of_gradient(lp, old, ref, adv, mask, **kw):
+    """β·K̃/N per token: the loss's gradient minus that of the same loss at β = 0 (the reward term alone), float64."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KLSignWarning)
+        _, full, _ = grad_of(lp, old, ref, adv, mask, **kw)
+        _, reward_only, _ = grad_of(lp, old, ref, adv, mask, **{**kw, "beta": 0.0})
+    return full - reward_only
+
+
+def random_completions(seed, b=16, t=40, spread=0.6, with_ref=True):
+    """Completions of uneven lengths (up to `t` tokens), log w and log r drawn per token within ±`spread` (prefix
+    products then range far beyond c = 10 and below 1/c), advantages of both signs."""
+    g = np.random.default_rng(seed)
+    old = -g.uniform(0.5, 3.0, size=(b, t))
+    lp = old + g.uniform(-spread, spread, size=(b, t)) + g.normal(0.0, spread / 2, size=(b, 1))
+    ref = old + g.uniform(-spread, spread, size=(b, t)) if with_ref else None
+    mask = (np.arange(t)[None, :] < g.integers(1, t + 1, size=(b, 1))).astype(float)
+    return lp, old, ref, g.normal(size=b), mask
+
+
+def flipped_tokens(divergence, level, mode, with_ref, estimator, seeds=range(4)):
+    """The number of active tokens on which `mode`'s KL gradient has the opposite sign of the exact one (the exact one
+    computed independently: `closed_form_W` per token, `sequence_K` over whole completions)."""
+    flipped = checked = 0
+    for seed in seeds:
+        lp, old, ref, adv, mask = random_completions(seed, with_ref=with_ref)
+        kw = dict(divergence=divergence, estimator=estimator, beta=0.2, kl_level=level, kl_clip_mode=mode)
+        part = kl_part_of_gradient(lp, old, ref, adv, mask, aggregation="seq-mean-token-sum", **kw)
+        if level == "sequence":
+            exact = sequence_K(divergence, lp, old, ref, mask)
+        else:
+            exact = -closed_form_W(divergence, lp, old, ref, np.zeros(len(adv)), 1.0)
+        sure = (mask > 0) & (np.abs(exact) > 1e-9)  # a weight of 0 ("stopped") keeps the sign
+        flipped += ((np.sign(part) == -np.sign(exact)) & (np.abs(part) > 1e-12))[sure].sum()
+        checked += sure.sum()
+    assert checked > 1000
+    return flipped
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("with_ref", [False, True], ids=["sampling-anchor", "separate-ref"])
+@pytest.mark.parametrize("level", KL_LEVELS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+@pytest.mark.parametrize("mode", KL_CLIP_MODES)
+def test_each_modes_sign_property_holds_per_level_divergence_and_anchor(mode, divergence, level, with_ref, estimator):
+    # KLClipMode.can_flip_sign is a claim about every token; it is checked both ways on long random completions with
+    # prefix ratios far outside the trust region: a mode that says it keeps the sign never flips a token, one that says
+    # it can flip does flip some.
+    flipped = flipped_tokens(divergence, level, mode, with_ref, estimator)
+    if KL_CLIP_MODES[mode].can_flip_sign(level, divergence, with_ref):
+        assert flipped > 0
+    else:
+        assert flipped == 0
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_sequence_level_default_keeps_the_sign_of_the_issues_examples(estimator):
+    # (1) A separate reference, 2 tokens, π_θ/π_old = (2, 50), π_ref/π_old = (5.44, 47.56): the exact urkl KL-to-go is
+    # W≤1·log ρ_1 + W≤2·log ρ_2 = 2·log(2/5.44) + 100·log(50/47.56) = (+3.0, +5.0). Truncating each prefix on its own
+    # gives 2·log(2/5.44) + 10·log(50/47.56) = −1.5 at the first token (the sign flipped); the default scales each KL-to-go
+    # by min(1, 10/100): (+0.30, +0.50).
+    old = np.log([[0.01, 0.01]])
+    lp, ref = old + np.log([[2.0, 50.0]]), old + np.log([[5.44, 47.56]])
+    exact = np.array([2 * np.log(2 / 5.44) + 100 * np.log(50 / 47.56), 100 * np.log(50 / 47.56)])
+    assert exact == pytest.approx([3.0, 5.0], abs=0.01)
+    per_prefix = np.array([2 * np.log(2 / 5.44) + 10 * np.log(50 / 47.56), 10 * np.log(50 / 47.56)])
+    assert per_prefix[0] == pytest.approx(-1.5, abs=0.01)
+    kw = dict(divergence="urkl", estimator=estimator, kl_level="sequence", aggregation="seq-mean-token-sum")
+    part = kl_part_of_gradient(lp, old, ref, np.zeros(1), np.ones((1, 2)), beta=1.0, **kw)[0]
+    np.testing.assert_allclose(part, 0.1 * exact, rtol=1e-9)
+    # (2) The sampling anchor, 186 tokens: log w rises by 0.05 a token to w = 10, jumps +3, then −3, then falls by 0.05 a
+    # token. The exact K_1 is +570.6; truncating each prefix on its own gives −0.44.
+    log_w = np.concatenate([np.full(46, 0.05), [3.0, -3.0], np.full(138, -0.05)])
+    assert np.cumsum(log_w)[45] == pytest.approx(np.log(10.0), abs=0.01)
+    old = np.full((1, log_w.size), -2.0)
+    lp = old + log_w
+    W = np.exp(np.cumsum(log_w))
+    assert np.sum(W * log_w) == pytest.approx(570.6, abs=0.1)
+    assert np.sum(np.minimum(W, 10.0) * log_w) == pytest.approx(-0.44, abs=0.01)
+    part = kl_part_of_gradient(lp, old, None, np.zeros(1), np.ones_like(lp), beta=1.0, **kw)[0]
+    exact = sequence_K("urkl", lp, old, None, np.ones_like(lp))[0]
+    assert (np.sign(part) == np.sign(exact)).all()
+    assert part[0] == pytest.approx(570.6 * 10.0 / W.max(), rel=1e-4)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_sequence_level_default_is_exact_where_no_prefix_ratio_it_weighs_exceeds_c(divergence, estimator):
+    # The default equals the exact KL-to-go on every token whose weighed prefix ratios (W≤t for ufkl, W≤t' for t' ≥ t
+    # for rkl and urkl, none for fkl) stay at or below c = 10, even where they leave the trust region, and is the exact
+    # weight times min(1, 10/M_t) elsewhere (`sequence_K`).
+    for seed in range(3):
+        lp, old, ref, adv, mask = random_completions(seed)
+        kw = dict(divergence=divergence, estimator=estimator, beta=0.2, kl_level="sequence")
+        part = kl_part_of_gradient(lp, old, ref, adv, mask, aggregation="seq-mean-token-sum", **kw)
+        n = mask.shape[0]
+        np.testing.assert_allclose(
+            part, mask * 0.2 * sequence_K(divergence, lp, old, ref, mask, "truncated") / n, rtol=1e-9, atol=1e-12
+        )
+        W = np.exp(np.cumsum((lp - old) * mask, -1))
+        later_max = np.maximum.accumulate(W[:, ::-1], -1)[:, ::-1]
+        untouched = {"fkl": np.ones_like(W) > 0, "ufkl": W <= 10.0}.get(divergence, later_max <= 10.0) & (mask > 0)
+        exact = mask * 0.2 * sequence_K(divergence, lp, old, ref, mask) / n
+        np.testing.assert_allclose(part[untouched], exact[untouched], rtol=1e-9, atol=1e-12)
+        assert ((W > 1.28) & untouched).any()
+        assert divergence == "fkl" or (~untouched & (mask > 0)).any()
+
+
+def test_sequence_level_modes_away_from_the_trust_region_with_the_sampling_anchor():
+    # The issue's numbers, r = 1. 20 tokens all at w = 1.2 (inside the trust region): K_1 = Σ_t 1.2^t·log 1.2 = 40.8
+    # exact, 40.8·10/1.2^20 = 10.7 by default (one factor on the whole KL-to-go), (1.2 + 19·1.28)·log 1.2 = 4.65 clipped
+    # (the prefixes from the second on at 1.28): no mode but "exact" is exact inside the trust region at this level.
+    old = np.full((1, 20), -2.0)
+    lp = old + np.log(1.2)
+    exact = np.sum(1.2 ** np.arange(1, 21)) * np.log(1.2)
+    assert exact == pytest.approx(40.8, abs=0.05)
+    got = {}
+    for mode in ("exact", "truncated", "clipped"):
+        part = kl_part_of_gradient(
+            lp,
+            old,
+            None,
+            np.zeros(1),
+            np.ones((1, 20)),
+            divergence="urkl",
+            beta=1.0,
+            kl_level="sequence",
+            aggregation="seq-mean-token-sum",
+            kl_clip_mode=mode,
+        )
+        got[mode] = part[0, 0]
+    assert got["exact"] == pytest.approx(exact, rel=1e-9)
+    assert got["truncated"] == pytest.approx(exact * 10.0 / 1.2**20, rel=1e-9)
+    assert got["clipped"] == pytest.approx((1.2 + 19 * 1.28) * np.log(1.2), rel=1e-9)
+    # w = (1.1, 0.01), r = 1: exact K = (1.1·log 1.1 + 0.011·log 0.01, 0.011·log 0.01) = (+0.054, −0.051); the clipped
+    # reading (the second w clipped to 0.8 inside log ρ, the prefix 0.011 to 0.8) gives (−0.074, −0.179): the first
+    # token's sign flips with the sampling anchor, and the loss warns.
+    old = np.full((1, 2), -2.0)
+    lp = old + np.log([[1.1, 0.01]])
+    exact = sequence_K("urkl", lp, old, None, np.ones((1, 2)))[0]
+    np.testing.assert_allclose(exact, [0.054, -0.051], atol=1e-3)
+    with pytest.warns(KLSignWarning, match="kl_level='sequence' and the KL anchored to the sampling policy"):
+        _, grad, _ = grad_of(
+            lp,
+            old,
+            None,
+            np.zeros(1),
+            np.ones((1, 2)),
+            divergence="urkl",
+            beta=1.0,
+            kl_level="sequence",
+            aggregation="seq-mean-token-sum",
+            kl_clip_mode="clipped",
+        )
+    np.testing.assert_allclose(grad[0], [1.1 * np.log(1.1) + 0.8 * np.log(0.8), 0.8 * np.log(0.8)], rtol=1e-9)
+    assert np.sign(grad[0, 0]) != np.sign(exact[0])
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("level", KL_LEVELS)
+def test_truncated_leaves_the_forward_kl_exact(level, estimator):
+    # fkl's weight (−r per token, −R≤t over whole completions) holds no w: the default leaves it exact, even far past c.
+    lp, old, ref, adv, mask = random_completions(5, spread=2.0)
+    kw = dict(divergence="fkl", estimator=estimator, beta=0.2, kl_level=level, aggregation="seq-mean-token-sum")
+    default = kl_part_of_gradient(lp, old, ref, adv, mask, **kw)
+    exact = kl_part_of_gradient(lp, old, ref, adv, mask, kl_clip_mode="exact", **kw)
+    assert (np.exp(lp - old)[mask > 0] > 10.0).sum() > 20
+    np.testing.assert_array_equal(default, exact)
+
+
+# ================================================================================ GSPO's weight stays off the KL
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", ["urkl", "ufkl"])
+def test_sequence_importance_sampling_leaves_each_tokens_kl_its_own_weight(divergence, estimator):
+    # The issue's batch: 64 × 6 tokens, a separate reference, A = 0, β = 0.2, log w within ±0.3. With the GSPO-style
+    # weight (importance_sampling_level="sequence") the KL term keeps each token's own weight: every token moves toward
+    # the reference, and the gradient is exactly the per-token one (A = 0: no reward term).
+    lp, old, ref, adv, mask = wide_ratio_batch(seed=3, spread=0.3)
+    kw = dict(divergence=divergence, estimator=estimator, beta=0.2)
+    _, gspo, _ = grad_of(lp, old, ref, adv, mask, importance_sampling_level="sequence", **kw)
+    _, token, _ = grad_of(lp, old, ref, adv, mask, importance_sampling_level="token", **kw)
+    assert (np.sign(-gspo) == np.sign(ref - lp)).all()
+    np.testing.assert_allclose(gspo, token, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(gspo, -mask * closed_form_W(divergence, lp, old, ref, adv, 0.2) / mask.sum(), rtol=1e-9)
+    # With advantages, the KL part of the gradient is still the per-token one (the reward term follows GSPO's weight).
+    adv = np.random.default_rng(4).normal(size=adv.size)
+    part_gspo = kl_part_of_gradient(lp, old, ref, adv, mask, importance_sampling_level="sequence", **kw)
+    part_token = kl_part_of_gradient(lp, old, ref, adv, mask, importance_sampling_level="token", **kw)
+    np.testing.assert_allclose(part_gspo, part_token, rtol=1e-9, atol=1e-15)

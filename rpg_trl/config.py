@@ -175,6 +175,22 @@ class RPGLossArguments:
             "warn."
         },
     )
+    kl_drift_warning: bool = field(
+        default=True,
+        metadata={
+            "help": "With a reference model (kl_anchor='reference', beta > 0), warn once (KLDriftWarning) when the KL to "
+            "it stops holding the policy: the KL at least doubling twice in a row, or weights beyond 10 × clip_c twice "
+            "while it doubles (rpg_trl.reliability.kl_drift). A reference sync starts the watch again. False: never "
+            "warn."
+        },
+    )
+    kl_drift_min_kl: float = field(
+        default=0.01,
+        metadata={
+            "help": "The KL-drift warning's floor: no warning while the KL to the reference (mean per token over a "
+            "period) is below this value, whatever its growth. Default 0.01."
+        },
+    )
 
     #: How the loss specification's fields are spelled in the configuration, for error messages.
     _LOSS_SPEC_NAMES = {"clip": "rpg_clip", "epsilon_low": "epsilon"}
@@ -214,6 +230,13 @@ class RPGLossArguments:
             raise ValueError(
                 f"`importance_weight_warning_threshold` must be a finite number > 1 (a bound on π_θ/π_old) or None; "
                 f"got {threshold!r}."
+            )
+        if not isinstance(self.kl_drift_warning, bool):
+            raise ValueError(f"`kl_drift_warning` must be True or False; got {self.kl_drift_warning!r}.")
+        floor = self.kl_drift_min_kl
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0.0 <= floor < math.inf:
+            raise ValueError(
+                f"`kl_drift_min_kl` must be a finite number >= 0 (a KL in nats per token); got {floor!r}."
             )
 
     def check_kl_anchor(self, *, reference_requested: bool = False, reason: str = "") -> None:
@@ -435,6 +458,12 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             Reward function whose per-group variance decides which groups are kept (`None`: the total reward).
         importance_weight_warning_threshold (`float` or `None`, *optional*, defaults to `100.0`):
             Warn when the largest importance weight π_θ/π_old of a logging interval exceeds it.
+        kl_drift_warning (`bool`, *optional*, defaults to `True`):
+            With a reference model (`kl_anchor="reference"`, `beta > 0`), warn once ([`~rpg_trl.reliability.kl_drift.
+            KLDriftWarning`]) when the KL to it stops holding the policy; a reference sync starts the watch again.
+            `False` turns the check off.
+        kl_drift_min_kl (`float`, *optional*, defaults to `0.01`):
+            The drift warning's floor: no warning while the period's mean KL to the reference is below it.
         kl_target (`float` or `None`, *optional*, defaults to `None`):
             δ: an adaptive β (Ziegler et al., 2019; [`~rpg_trl.kl_control.AdaptiveKLCallback`]) that holds RPG's
             importance-weighted KL estimate (`kl`, or `kl/sequence` with `kl_level="sequence"`) near δ, starting from

@@ -180,6 +180,28 @@ def test_reference_anchor_uses_the_initial_model(tiny_model_dir, tmp_path):
     assert trainer._metrics["train"]["kl"][-1] == pytest.approx(stats["kl"].item(), rel=1e-4)
 
 
+def test_reference_anchor_watches_the_kl_drift(tiny_model_dir, tmp_path):
+    """With a reference model the asynchronous trainer watches the KL to it as RPGTrainer does (periods of 8 optimizer
+    steps: it has no generation batches), from the metrics its log hands on; `kl_drift_warning=False` turns it off."""
+    from rpg_trl.reliability.kl_drift import KLDriftWarning
+
+    trainer = _build(AsyncRPGTrainer, AsyncRPGConfig, tiny_model_dir, tmp_path / "on", kl_anchor="reference", beta=0.5)
+    monitor = trainer.kl_drift_monitor
+    assert monitor is not None and monitor.steps_per_generation == 8 and monitor.min_kl == 0.01
+    trainer.model.train()
+    with pytest.warns(KLDriftWarning, match="went 0.1, 0.3, 0.9"):
+        for period, kl in enumerate([0.05, 0.1, 0.3, 0.9, 2.0]):
+            trainer._metrics["train"].update({"kl": [kl], "entropy": [0.5], "importance_weight/max": [3.0]})
+            trainer.state.global_step = 1 + 8 * period
+            trainer.log({})
+    assert monitor.warned
+    off = _build(
+        AsyncRPGTrainer, AsyncRPGConfig, tiny_model_dir, tmp_path / "off", kl_anchor="reference", beta=0.5,
+        kl_drift_warning=False,
+    )
+    assert off.kl_drift_monitor is None
+
+
 def test_reference_anchor_with_peft_is_the_base_model(tiny_model_dir, tmp_path):
     """With PEFT the reference is the policy with its adapter disabled: no copy is loaded, and the reference
     log-probabilities of the packed row are the base model's (a plain forward), while the policy's differ."""

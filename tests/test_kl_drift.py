@@ -64,14 +64,15 @@ def test_a_kl_that_holds_or_oscillates_does_not_warn():
         assert [b["kl"] for b in monitor.batches] == pytest.approx([kl for kl, _ in series[:-1]])
 
 
-def test_weights_far_beyond_c_twice_with_a_rising_kl_warn():
-    # The KL rises slowly (never doubling) while the largest weight is 150 > 10·c = 100 in batches 2 and 3.
+def test_weights_far_beyond_c_twice_with_a_doubling_kl_warn():
+    # The KL never doubles from one period to the next (×1.5, ×1.67) but doubles over two (0.12 -> 0.30), while the
+    # largest weight is 150 > 10·c = 100 in batches 2 and 3.
     batches = [
         {"kl": 0.10, "entropy": 0.5, "importance_weight/max": 5.0},
         {"kl": 0.12, "entropy": 0.5, "importance_weight/max": 5.0},
-        {"kl": 0.15, "entropy": 0.5, "importance_weight/max": 150.0},
-        {"kl": 0.20, "entropy": 0.5, "importance_weight/max": 150.0},
-        {"kl": 0.25, "entropy": 0.5, "importance_weight/max": 3.0},
+        {"kl": 0.18, "entropy": 0.5, "importance_weight/max": 150.0},
+        {"kl": 0.30, "entropy": 0.5, "importance_weight/max": 150.0},
+        {"kl": 0.35, "entropy": 0.5, "importance_weight/max": 3.0},
     ]
     monitor = KLDriftMonitor(8, clip_c=10.0, settings={**SETTINGS, "kl_clip_mode": "exact"})
     with pytest.warns(KLDriftWarning, match="reached 150, beyond 10 × clip_c = 100, twice in a row") as record:
@@ -86,6 +87,48 @@ def test_weights_far_beyond_c_twice_with_a_rising_kl_warn():
         with warnings.catch_warnings():
             warnings.simplefilter("error", KLDriftWarning)
             assert feed(monitor, series, steps_per_generation=8) == []
+
+
+def no_warning(monitor, batches, steps_per_generation=16):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KLDriftWarning)
+        return feed(monitor, batches, steps_per_generation=steps_per_generation)
+
+
+def test_a_small_kl_that_grows_does_not_warn_below_the_floor():
+    # A healthy KL to a reference at a small β: 3.5e-5 -> 2.2e-4 over four generation batches, doubling twice in a row
+    # (7e-5 -> 1.5e-4 -> ... ): the old rule warned at step 33. Below the floor (0.01 nats per token) it is no drift; with
+    # the floor at 0 the same series warns, so the floor is what keeps it quiet.
+    series = [3.5e-5, 7e-5, 1.5e-4, 2.2e-4 * 1.5, 2.2e-4 * 3.0, 2.2e-4 * 6.0]
+    batches = [{"kl": kl, "entropy": 0.5, "importance_weight/max": 3.0} for kl in series]
+    assert no_warning(KLDriftMonitor(8, clip_c=10.0, settings=SETTINGS), batches, 8) == []
+    with pytest.warns(KLDriftWarning):
+        assert feed(KLDriftMonitor(8, clip_c=10.0, settings=SETTINGS, min_kl=0.0), batches, steps_per_generation=8)
+
+
+def test_the_saw_tooth_of_reference_syncs_does_not_warn():
+    # ref_model_sync_kl_threshold syncs the reference when the KL reaches it: the KL restarts near 0 and climbs again,
+    # 0.002 -> 0.03 -> 0.07 -> sync -> 0.002 -> ... Across a sync the climb looks like two doublings in a row; the
+    # logged `ref/syncs` count starts the watch again, so it never warns. Without the count the same KL warns.
+    tooth = [0.002, 0.03, 0.07]
+    batches, syncs = [], 0
+    for _ in range(4):
+        for i, kl in enumerate(tooth):
+            batches.append({"kl": kl, "entropy": 0.5, "importance_weight/max": 4.0, "ref/syncs": float(syncs)})
+        syncs += 1
+    monitor = KLDriftMonitor(8, clip_c=10.0, settings=SETTINGS)
+    assert no_warning(monitor, batches, 8) == []
+    assert monitor.resets == [25, 49, 73]  # the first step of each batch after a sync
+    with pytest.warns(KLDriftWarning):
+        blind = [{key: v for key, v in b.items() if key != "ref/syncs"} for b in batches]
+        assert feed(KLDriftMonitor(8, clip_c=10.0, settings=SETTINGS), blind, steps_per_generation=8)
+
+
+def test_a_flat_kl_with_large_importance_weights_does_not_warn():
+    # A KL that holds (0.050, 0.051, 0.052, ...: rising, but by 1-2 %) while single tokens reach weights of 150 > 10·c
+    # in every period: large weights alone are no drift.
+    batches = [{"kl": 0.05 + 0.001 * i, "entropy": 0.5, "importance_weight/max": 150.0} for i in range(8)]
+    assert no_warning(KLDriftMonitor(8, clip_c=10.0, settings=SETTINGS), batches, 8) == []
 
 
 def test_short_generation_batches_are_grouped_into_periods_of_at_least_eight_steps():
@@ -109,7 +152,7 @@ def test_the_trainer_watches_only_a_kl_to_a_reference(tiny_model_dir, tmp_path):
         tiny_model_dir, tmp_path / "r", beta=0.1, kl_anchor="reference", steps_per_generation=4, learning_rate=1e-3
     )
     monitor = reference.kl_drift_monitor
-    assert monitor is not None and monitor.clip_c == reference.args.clip_c
+    assert monitor is not None and monitor.clip_c == reference.args.clip_c and monitor.min_kl == 0.01
     assert monitor.settings["kl_clip_mode"] == "truncated" and monitor.settings["learning_rate"] == 1e-3
     # The trainer's log hands the monitor the interval's metrics (means of kl and entropy, the largest weight).
     reference.model.train()
@@ -120,3 +163,28 @@ def test_the_trainer_watches_only_a_kl_to_a_reference(tiny_model_dir, tmp_path):
     reference._metrics["train"].update({"kl": [1.0], "entropy": [0.4], "importance_weight/max": [3.0]})
     reference.log({})
     assert monitor.batches == [{"kl": pytest.approx(0.2), "entropy": pytest.approx(0.6), "weight_max": 9.0}]
+
+    # A reference sync, logged by the sync callback as `ref/syncs`, starts the watch again.
+    reference.state.global_step = 17
+    reference._metrics["train"].update({"kl": [0.5], "ref/syncs": [0.0]})
+    reference.log({})
+    reference.state.global_step = 18
+    reference._metrics["train"].update({"kl": [0.01], "ref/syncs": [1.0]})
+    reference.log({})
+    assert monitor.resets == [18] and monitor.batches == []
+
+
+def test_the_check_can_be_switched_off_and_its_floor_set(tiny_model_dir, tmp_path):
+    from helpers.tiny_runs import make_trainer
+
+    from rpg_trl import RPGConfig
+
+    off = make_trainer(tiny_model_dir, tmp_path / "off", beta=0.1, kl_anchor="reference", kl_drift_warning=False)
+    assert off.kl_drift_monitor is None
+    floor = make_trainer(tiny_model_dir, tmp_path / "floor", beta=0.1, kl_anchor="reference", kl_drift_min_kl=0.5)
+    assert floor.kl_drift_monitor.min_kl == 0.5
+    for bad in (-0.1, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(ValueError, match="`kl_drift_min_kl` must be a finite number >= 0"):
+            RPGConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, kl_drift_min_kl=bad)
+    with pytest.raises(ValueError, match="`kl_drift_warning` must be True or False"):
+        RPGConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, kl_drift_warning="yes")

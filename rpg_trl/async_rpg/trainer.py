@@ -15,6 +15,7 @@ from trl.trainer.utils import add_fused_lm_head, create_model_from_path, nanmax,
 from ..losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
 from ..reliability.checkpoints import CommittedCheckpointsMixin
 from ..reliability.importance_weights import ImportanceWeightMonitorMixin
+from ..reliability.kl_drift import KLDriftMonitorMixin
 from ..reliability.vllm_server import probe_server, server_errors_named, watch_for_server_failure
 from ..trainer import RPGTrainer
 from .config import AsyncRPGConfig
@@ -72,7 +73,7 @@ class _WithServerProbe:
         probe_server(self.trainer, self.url)
 
 
-class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, AsyncGRPOTrainer):
+class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, KLDriftMonitorMixin, AsyncGRPOTrainer):
     """
     Trainer for Regularized Policy Gradient (RPG) with asynchronous rollouts.
 

@@ -7,18 +7,21 @@ reference, which levels off within a few generation batches when it holds, keeps
 weights π_θ/π_old reach far beyond the dual-clip bound c. [`KLDriftMonitor`] watches the trainer's logged `kl`,
 `entropy` and `importance_weight/max`, averaged per generation batch (periods of at least [`MIN_PERIOD_STEPS`]
 optimizer steps), and warns once per run when, leaving out the first period (the KL to a fresh reference rises from 0
-there),
+there) and only while the latest period's mean KL is at least a floor (`kl_drift_min_kl`, default [`KL_FLOOR`]: a
+KL that small is no drift, whatever its growth),
 
 * the mean `kl` grew by a factor [`KL_GROWTH`] or more at each of two consecutive periods, or
-* the largest importance weight exceeded [`WEIGHT_FACTOR`] × `clip_c` in two consecutive periods while `kl` rose at
-  both.
+* the largest importance weight exceeded [`WEIGHT_FACTOR`] × `clip_c` in two consecutive periods while `kl` grew by
+  [`KL_GROWTH`] or more over those two periods.
 
-The entropy is reported, not required: in the collapsing runs of the KL table it fell in some and rose in others.
-Replayed on the logged metrics of the 90 regularised runs of the second KL table (docs/bench_algos.md;
-`python docs/results/replay_kl_drift.py runs/kl2`), these rules
-warn on 13 of the 18 runs that collapsed, at the 4th to 6th generation batch of 8, and on none of the 72 that held.
-[`KLDriftMonitorMixin`] gives the monitor to [`~rpg_trl.RPGTrainer`]; it is active only with a reference model and
-β > 0 (the KL to the sampling policy restarts at 0 with every generation batch).
+A reference sync (the `ref/syncs` count that [`~rpg_trl.ref_sync.RefModelSyncCallback`] logs, for
+`ref_model_sync_kl_threshold` and `sync_ref_model` alike) starts the watch again: the KL to a freshly synced reference
+restarts near 0, and its saw-tooth is no trend. The entropy is reported, not required: in the collapsing runs of the KL
+table it fell in some and rose in others. How often it warns on runs that collapsed and on runs that held, replayed on
+runs that chose none of its thresholds, is in docs/bench_algos.md (third KL protocol). [`KLDriftMonitorMixin`] gives the
+monitor to [`~rpg_trl.RPGTrainer`] and [`~rpg_trl.async_rpg.AsyncRPGTrainer`]; it is active only with a reference
+model, β > 0 and `kl_drift_warning=True` (the default; the KL to the sampling policy restarts at 0 with every
+generation batch).
 """
 
 from __future__ import annotations
@@ -27,13 +30,18 @@ import math
 import warnings
 
 
-#: The first signature: the mean KL of a period at least this many times the previous period's, twice in a row.
+#: The first signature: the mean KL of a period at least this many times the previous period's, twice in a row; the
+#: second: over two periods.
 KL_GROWTH = 2.0
 #: The second signature: the largest importance weight of a generation batch beyond this many times `clip_c`.
 WEIGHT_FACTOR = 10.0
 #: The fewest optimizer steps that one period of the monitor spans: with fewer steps per generation batch, consecutive
 #: generation batches are grouped, so that three rises in a row are a trend and not step-to-step noise.
 MIN_PERIOD_STEPS = 8
+#: The default floor (`kl_drift_min_kl`): no warning while the latest period's mean KL (nats per token) is below it.
+KL_FLOOR = 0.01
+#: The logged count of reference syncs ([`~rpg_trl.ref_sync.RefModelSyncCallback`]).
+SYNCS_METRIC = "ref/syncs"
 
 
 class KLDriftWarning(UserWarning):
@@ -50,23 +58,43 @@ class KLDriftMonitor:
             `1 + g·n … (g + 1)·n` form period g.
         clip_c (`float`): the dual-clip bound c of the second signature.
         settings (`dict`): the configuration values the warning names (e.g. `kl_clip_mode`, `beta`, `learning_rate`).
+        min_kl (`float`): the floor: no warning while the latest period's mean KL is below it.
     """
 
-    def __init__(self, steps_per_generation: int, clip_c: float, settings: dict | None = None):
+    def __init__(
+        self, steps_per_generation: int, clip_c: float, settings: dict | None = None, min_kl: float = KL_FLOOR
+    ):
         # A period: whole generation batches, at least MIN_PERIOD_STEPS optimizer steps.
         steps_per_generation = max(1, int(steps_per_generation))
         self.steps_per_generation = steps_per_generation * math.ceil(MIN_PERIOD_STEPS / steps_per_generation)
         self.clip_c = clip_c
+        self.min_kl = float(min_kl)
         self.settings = dict(settings or {})
         #: Finished generation batches: dicts with the mean `kl`, mean `entropy` and largest weight.
         self.batches: list[dict] = []
         self._current: int | None = None
         self._values: dict[str, list[float]] = {}
+        self._syncs: float | None = None
+        #: Optimizer steps at which a reference sync started the watch again.
+        self.resets: list[int] = []
         self.warned = False
 
+    def reset(self) -> None:
+        """Forget the periods seen so far (the reference was synced: the KL to it restarts near 0)."""
+        self.batches, self._current, self._values = [], None, {}
+
     def observe(self, logs: dict, step: int) -> bool:
-        """Record the logged metrics of optimizer step `step` (`logs`: the trainer's log entry); return whether it
-        warned."""
+        """Record the logged metrics of optimizer step `step` (`logs`: the trainer's log entry, or one logging
+        interval's metrics); return whether it warned. A change of the logged `ref/syncs` count resets the watch, and
+        the values logged with it (which straddle the sync) are left out."""
+        syncs = logs.get(SYNCS_METRIC)
+        if isinstance(syncs, (int, float)) and math.isfinite(syncs):
+            changed = self._syncs is not None and syncs != self._syncs
+            self._syncs = syncs
+            if changed:
+                self.reset()
+                self.resets.append(step)
+                return False
         batch = (step - 1) // self.steps_per_generation
         if self._current is not None and batch != self._current:
             self._finish()
@@ -96,10 +124,12 @@ class KLDriftMonitor:
             return False
         recent = self.batches[-3:]
         kl = [b["kl"] for b in recent]
+        if not kl[2] >= self.min_kl:
+            return False
         growing = kl[2] >= KL_GROWTH * kl[1] and kl[1] >= KL_GROWTH * kl[0]
         bound = WEIGHT_FACTOR * self.clip_c
-        far = (
-            all(b["weight_max"] is not None and b["weight_max"] > bound for b in recent[1:]) and kl[2] > kl[1] > kl[0]
+        far = all(b["weight_max"] is not None and b["weight_max"] > bound for b in recent[1:]) and kl[2] >= (
+            KL_GROWTH * kl[0]
         )
         if not (growing or far):
             return False
@@ -136,7 +166,8 @@ class KLDriftMonitor:
             )
         warnings.warn(
             f"The KL to the reference model is not holding the policy: {' and '.join(signs)}. This is the signature "
-            f"of a policy running away from its reference (docs/bench_algos.md, the KL tables). To change: {'; '.join(advice)}. (Warned once per run.)",
+            f"of a policy running away from its reference (docs/bench_algos.md, the KL tables). To change: "
+            f"{'; '.join(advice)}. (Warned once per run; kl_drift_warning=False turns the check off.)",
             KLDriftWarning,
             stacklevel=2,
         )
@@ -145,16 +176,20 @@ class KLDriftMonitor:
 
 class KLDriftMonitorMixin:
     """Feeds the trainer's training log entries to a [`KLDriftMonitor`] when the KL is anchored to a reference model
-    with β > 0. Goes before the TRL trainer in a class line; reads `args.kl_anchor`, `args.beta` and the settings the
-    warning names."""
+    with β > 0 and `args.kl_drift_warning` is on. Goes before the TRL trainer in a class line; reads `args.kl_anchor`,
+    `args.beta`, `args.kl_drift_warning`, `args.kl_drift_min_kl` and the settings the warning names. An asynchronous
+    trainer, which has no generation batches, watches periods of [`MIN_PERIOD_STEPS`] optimizer steps."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         config = self.args
-        #: The monitor, or None without a reference model (its `warned` says whether it warned).
+        #: The monitor, or None without a reference model or with `kl_drift_warning=False` (its `warned` says whether
+        #: it warned).
         self.kl_drift_monitor = None
-        if getattr(config, "kl_anchor", None) == "reference" and config.beta > 0:
-            generate_every = config.steps_per_generation * config.num_iterations
+        watch = getattr(config, "kl_drift_warning", True)
+        if watch and getattr(config, "kl_anchor", None) == "reference" and config.beta > 0:
+            generate_every = getattr(config, "steps_per_generation", None) or 1
+            generate_every *= getattr(config, "num_iterations", 1)
             self.kl_drift_monitor = KLDriftMonitor(
                 max(1, generate_every // config.gradient_accumulation_steps),
                 config.clip_c,
@@ -170,6 +205,7 @@ class KLDriftMonitorMixin:
                         "kl_beta_max",
                     )
                 },
+                min_kl=getattr(config, "kl_drift_min_kl", KL_FLOOR),
             )
 
     def log(self, logs, start_time=None):
@@ -177,7 +213,7 @@ class KLDriftMonitorMixin:
             # The training metrics of this logging interval (one value per micro-batch), before `log` clears them.
             metrics = self._metrics["train"]
             interval = {}
-            for key, reduce in (("kl", _mean), ("entropy", _mean), ("importance_weight/max", max)):
+            for key, reduce in (("kl", _mean), ("entropy", _mean), ("importance_weight/max", max), (SYNCS_METRIC, max)):
                 values = [v for v in metrics.get(key, ()) if math.isfinite(v)]
                 if values:
                     interval[key] = reduce(values)

@@ -327,13 +327,6 @@ class RPGLossSpec:
                 f"weights, so it has no sequence-level form: use {n('kl_level')}='token' with it, or "
                 f"{n('kl_importance_weight')}=True for the exact sequence-level KL."
             )
-        if self.kl_level == "sequence" and self.importance_sampling_level == "sequence":
-            raise ValueError(
-                f"`{n('kl_level')}='sequence'` weights each token's KL term by the exact prefix ratio π_θ(y≤t)/π_old(y≤t), "
-                f"while `{n('importance_sampling_level')}='sequence'` replaces every ratio by the sequence's geometric "
-                f"mean (GSPO); they do not combine. Use {n('importance_sampling_level')}='token' with "
-                f"{n('kl_level')}='sequence'."
-            )
 
 
 def validate_rpg_hyperparameters(*, names: dict[str, str] | None = None, **fields) -> None:
@@ -957,7 +950,8 @@ def rpg_loss(
             (``0.28``), ``clip_c`` (``10.0``, the dual-clip bound ``c > 1``), ``aggregation`` (``"token-mean"``, the
             paper's, or ``"seq-mean-token-mean"``, ``"seq-mean-token-sum"``, ``"seq-mean-token-sum-norm"``; see
             [`aggregate_loss`]), ``importance_sampling_level`` (``"token"``, or ``"sequence"``: the sequence's
-            geometric-mean ratio for all its tokens, GSPO-style; Proposition 4.1 holds for token-level weights only),
+            geometric-mean ratio for all its tokens, GSPO-style, in the reward term: the KL keeps its own token or prefix
+            ratios; Proposition 4.1 holds for token-level weights only),
             ``kl_importance_weight`` (``True``; ``False`` is GRPO's *uncorrected* k3 penalty without the importance
             weight, the biased baseline of the KL-weighting ablation, Sec. 2.2, only with ``divergence="urkl"``: its
             value estimates the reverse KL but its expected gradient is that of the forward KL(π_ref‖π_θ),

@@ -196,7 +196,12 @@ def test_reference_anchor_watches_the_kl_drift(tiny_model_dir, tmp_path):
             trainer.log({})
     assert monitor.warned
     off = _build(
-        AsyncRPGTrainer, AsyncRPGConfig, tiny_model_dir, tmp_path / "off", kl_anchor="reference", beta=0.5,
+        AsyncRPGTrainer,
+        AsyncRPGConfig,
+        tiny_model_dir,
+        tmp_path / "off",
+        kl_anchor="reference",
+        beta=0.5,
         kl_drift_warning=False,
     )
     assert off.kl_drift_monitor is None

@@ -48,9 +48,11 @@ INVALID_CONFIGS = [
         "`kl_clip_mode` must be one of 'exact', 'truncated', 'clipped', 'stopped'; got 'w_bar'",
     ),
     (RPGConfig, dict(kl_level="sequence", use_bias_correction_kl=False), "`kl_importance_weight=False` (GRPO's"),
-    (RPGConfig, dict(kl_level="sequence", importance_sampling_level="sequence"), "`kl_level='sequence'` weights"),
     (RPGConfig, dict(rpg_clip="yes"), "`rpg_clip` must be a bool; got 'yes'"),
     (RPGConfig, dict(importance_weight_warning_threshold=0.5), "`importance_weight_warning_threshold` must be"),
+    (RPGConfig, dict(kl_drift_warning="yes"), "`kl_drift_warning` must be True or False; got 'yes'"),
+    (RPGConfig, dict(kl_drift_min_kl=-0.1), "`kl_drift_min_kl` must be a finite number >= 0"),
+    (RPGConfig, dict(kl_drift_min_kl=float("nan")), "`kl_drift_min_kl` must be a finite number >= 0"),
     # reference sync
     (RPGConfig, dict(sync_ref_model=True, kl_anchor="sampling"), "`sync_ref_model=True` needs a reference model"),
     (
@@ -122,6 +124,8 @@ INVALID_CONFIGS = [
     (AsyncRPGConfig, dict(clip_c=1.1), "`clip_c` (the dual-clip bound for negative advantages)"),
     (AsyncRPGConfig, dict(beta=-1.0), "`beta` must be >= 0.0"),
     (AsyncRPGConfig, dict(rpg_clip="yes"), "`rpg_clip` must be a bool"),
+    (AsyncRPGConfig, dict(kl_drift_warning=1), "`kl_drift_warning` must be True or False"),
+    (AsyncRPGConfig, dict(kl_drift_min_kl=float("inf")), "`kl_drift_min_kl` must be a finite number >= 0"),
     (AsyncRPGConfig, dict(kl_anchor="reference", beta=0.0), "`kl_anchor='reference'` with `beta=0`"),
     (AsyncRPGConfig, dict(kl_anchor="initial"), "`kl_anchor` must be one of"),
     (AsyncRPGConfig, dict(kl_importance_weight=False, divergence="fkl"), "`kl_importance_weight=False` is the"),

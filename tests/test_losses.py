@@ -567,8 +567,6 @@ def test_spec_and_keywords_together_or_unknown_keywords_are_refused():
         RPGLossSpec(kl_level="prefix")
     with pytest.raises(ValueError, match="kl_level='token' with it"):
         RPGLossSpec(kl_level="sequence", kl_importance_weight=False)
-    with pytest.raises(ValueError, match="importance_sampling_level='token' with kl_level='sequence'"):
-        RPGLossSpec(kl_level="sequence", importance_sampling_level="sequence")
     with pytest.raises(dataclasses.FrozenInstanceError):
         RPGLossSpec().beta = 1.0
 
@@ -1003,3 +1001,18 @@ def test_sequence_importance_sampling_leaves_each_tokens_kl_its_own_weight(diver
     part_gspo = kl_part_of_gradient(lp, old, ref, adv, mask, importance_sampling_level="sequence", **kw)
     part_token = kl_part_of_gradient(lp, old, ref, adv, mask, importance_sampling_level="token", **kw)
     np.testing.assert_allclose(part_gspo, part_token, rtol=1e-9, atol=1e-15)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_sequence_importance_sampling_with_the_kl_over_whole_completions(divergence, estimator):
+    # GSPO's weight for the reward term and the KL between whole completions combine: the KL part of the gradient is
+    # the exact prefix weight K_t of the sequence level (computed independently), whatever the reward term's ratio.
+    lp, old, ref, adv, mask = random_completions(8, b=6, t=12, spread=0.3)
+    kw = dict(divergence=divergence, estimator=estimator, beta=0.2, kl_level="sequence", clip=False)
+    part = kl_part_of_gradient(
+        lp, old, ref, adv, mask, importance_sampling_level="sequence", aggregation="seq-mean-token-sum", **kw
+    )
+    np.testing.assert_allclose(
+        part, mask * 0.2 * sequence_K(divergence, lp, old, ref, mask) / 6, rtol=1e-9, atol=1e-12
+    )

@@ -213,7 +213,12 @@ class KLDriftMonitorMixin:
             # The training metrics of this logging interval (one value per micro-batch), before `log` clears them.
             metrics = self._metrics["train"]
             interval = {}
-            for key, reduce in (("kl", _mean), ("entropy", _mean), ("importance_weight/max", max), (SYNCS_METRIC, max)):
+            for key, reduce in (
+                ("kl", _mean),
+                ("entropy", _mean),
+                ("importance_weight/max", max),
+                (SYNCS_METRIC, max),
+            ):
                 values = [v for v in metrics.get(key, ()) if math.isfinite(v)]
                 if values:
                     interval[key] = reduce(values)

@@ -139,11 +139,13 @@ class RPGLossArguments:
         default=DEFAULT_KL_CLIP_MODE,
         metadata={
             "help": "How RPG-Style Clip treats the KL term outside the trust region; the reward term is clipped in every "
-            "mode and inside the trust region every mode is exact. 'exact': the KL weight at the unclipped ratio "
-            "(the authors' code, TRL's use_bias_correction_kl, slime). 'truncated': the importance weight inside the "
-            "KL weight capped at clip_c, the sign kept. 'clipped': the KL weight at clip(w, 1 - epsilon, 1 + "
-            "epsilon_high) (Algorithm 1 literally; rpg_trl 0.1.0), which can push the policy away from a reference "
-            "model. 'stopped': no KL gradient where the reward term is clipped (Sec. G.2, Algorithm 2). Default "
+            "mode, and per token every mode is exact inside the trust region (over whole completions, see "
+            "docs/design.md). 'exact': the KL weight at the unclipped ratio (the authors' code, TRL's "
+            "use_bias_correction_kl, slime). 'truncated': the importance weight inside the KL weight capped at clip_c "
+            "(over whole completions, one factor min(1, clip_c / largest prefix ratio) on each token's KL-to-go; fkl "
+            "left exact), the sign kept. 'clipped': the KL weight at clip(w, 1 - epsilon, 1 + epsilon_high) (Algorithm "
+            "1 literally; rpg_trl 0.1.0), which can push the policy away from its anchor (warned). 'stopped': no KL "
+            "gradient where the reward term is clipped (Sec. G.2, Algorithm 2). Default "
             f"{DEFAULT_KL_CLIP_MODE!r}, chosen on the KL table of docs/bench_algos.md; docs/design.md compares them.",
             "choices": list(KL_CLIP_MODES),
         },
@@ -428,15 +430,17 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
         kl_level (`str`, *optional*, defaults to `"token"`):
             `"token"`: each token's KL term is weighted by its own ratio (the paper's code, TRL and every peer).
             `"sequence"`: the exact gradient of the divergence between whole completions, with prefix ratios
-            π_θ(y≤t)/π_old(y≤t) (clipped to the trust region with `rpg_clip`); exact with `loss_type="luspo"`
-            (aggregation `"seq-mean-token-sum"`). See docs/design.md.
+            π_θ(y≤t)/π_old(y≤t) (outside the trust region, weighted as `kl_clip_mode` says); exact with
+            `loss_type="luspo"` (aggregation `"seq-mean-token-sum"`). See docs/design.md.
         kl_clip_mode (`str`, *optional*, defaults to `"truncated"`):
             How RPG-Style Clip treats the KL weight outside the trust region (the reward term is clipped in every
-            mode): `"truncated"` (the ratio inside the KL weight capped at `clip_c`, its sign kept; the default, chosen
-            on the KL table of docs/bench_algos.md), `"exact"` (the unclipped ratio: the authors' code, TRL, slime),
-            `"clipped"` (at clip(w, 1 − ε, 1 + ε_high), Algorithm 1
-            literally, rpg_trl 0.1.0: it can push the policy away from a reference model, and warns so) or `"stopped"`
-            (no KL gradient where the reward term is clipped, Algorithm 2). See docs/design.md.
+            mode): `"truncated"` (the ratio inside the KL weight capped at `clip_c`; over whole completions one factor
+            min(1, c / largest prefix ratio) on each token's KL-to-go; fkl's weight, which does not grow with the
+            ratio, left exact; the sign kept at both levels; the default, chosen on the KL table of
+            docs/bench_algos.md), `"exact"` (the unclipped ratio: the authors' code, TRL, slime), `"clipped"` (at
+            clip(w, 1 − ε, 1 + ε_high), Algorithm 1 literally, rpg_trl 0.1.0: it can push the policy away from its
+            anchor, with a reference model, with rkl, or over whole completions, and warns so) or `"stopped"` (no KL
+            gradient where the reward term is clipped, Algorithm 2). See docs/design.md.
         aggregation (`str` or `None`, *optional*, defaults to `None`):
             Loss aggregation: `"token-mean"`, `"seq-mean-token-mean"`, `"seq-mean-token-sum"` or
             `"seq-mean-token-sum-norm"`. `None` derives it from `loss_type` and uses TRL's normaliser for it exactly

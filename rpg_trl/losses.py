@@ -31,11 +31,11 @@ Two estimators give this gradient (they coincide when unclipped, Proposition 4.1
   ([`reinforce_per_token_loss`]).
 
 RPG-Style Clip (Sec. 3.3 and 4.1, Algorithms 1 and 2) is a dual clip. The reward term has a gradient for ``A > 0``
-while ``w ≤ 1 + ε_high``, and for ``A < 0`` while ``1 − ε_low ≤ w ≤ c``. Inside the trust region
+while ``w ≤ 1 + ε_high``, and for ``A < 0`` while ``1 − ε_low ≤ w ≤ c``. Per token, inside the trust region
 ``[1 − ε_low, 1 + ε_high]`` the KL weight is the exact ``K``; outside it, it is the weight ``K̃`` of the chosen entry of
 [`KL_CLIP_MODES`] (``kl_clip_mode``; the paper's text, pseudo-code and code disagree here, docs/design.md):
 ``"exact"`` ``K(w, r)`` (the authors' code, TRL, slime), ``"truncated"`` ``min(1, c/w)·K(w, r)`` (the exact sign,
-bounded in w), ``"clipped"`` ``K(w̄, r)`` at ``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` and ``log w̄`` (Algorithm 1
+bounded in w; fkl's ``K = −r`` as is), ``"clipped"`` ``K(w̄, r)`` at ``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` and ``log w̄`` (Algorithm 1
 literally, Remark F.2; with a reference that is not the sampling policy it can push π_θ away from π_ref, and warns),
 ``"stopped"`` 0 where the reward term is clipped (Algorithm 2). With the clip on, the per-token gradient weight of BOTH
 estimators is

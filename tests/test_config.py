@@ -262,7 +262,7 @@ def test_dynamic_sampling_needs_whole_groups_on_each_process():
 
 def test_algorithm_1_reading_with_a_reference_model_warns_at_construction():
     # kl_clip_mode="clipped" (the KL weight at the clipped ratio) can push the policy away from a reference that is not
-    # the sampling policy: said at construction. Not with the sampling anchor (r = 1, the sign never flips), nor with
+    # the sampling policy: said at construction. Not with the sampling anchor per token (r = 1, urkl: the sign never flips), nor with
     # the other modes, nor without the clip.
     from rpg_trl.losses import KLSignWarning
 

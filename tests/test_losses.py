@@ -269,14 +269,15 @@ def test_no_warning_without_a_reference_or_with_a_sign_keeping_mode():
     lp, old, ref, adv, mask = wide_ratio_batch(b=4)
     with warnings.catch_warnings():
         warnings.simplefilter("error", KLSignWarning)
-        grad_of(lp, old, None, adv, mask, beta=0.2, kl_clip_mode="clipped")  # r = 1: the sign never flips
+        grad_of(lp, old, None, adv, mask, beta=0.2, kl_clip_mode="clipped")  # r = 1, urkl per token: never flips
         for mode in ("exact", "truncated", "stopped"):
             grad_of(lp, old, ref, adv, mask, beta=0.2, kl_clip_mode=mode)
 
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_kl_clip_mode_sampling_anchor_clipped_never_flips_sign(estimator):
-    # With r = 1 (the paper's runs) the clipped weight K(w̄) = w̄·log w̄ has the sign of log w: it saturates, never flips.
+    # With r = 1 (the paper's runs) the clipped urkl weight K(w̄) = w̄·log w̄ has the sign of log w: it saturates, never
+    # flips, per token (over whole completions, or for rkl, it can: test_each_modes_sign_property_...).
     lp, old, _, adv, mask = wide_ratio_batch()
     _, grad, _ = grad_of(lp, old, None, adv, mask, estimator=estimator, beta=0.2, kl_clip_mode="clipped")
     assert (np.sign(-grad) == np.sign(old - lp)).all()

@@ -921,6 +921,10 @@ def test_sequence_level_default_is_exact_where_no_prefix_ratio_it_weighs_exceeds
         assert divergence == "fkl" or (~untouched & (mask > 0)).any()
 
 
+#: One completion's URKL over whole completions, β = 1, summed over its tokens: the gradient is the KL weight K_t itself.
+URKL_SEQ = dict(divergence="urkl", beta=1.0, kl_level="sequence", aggregation="seq-mean-token-sum")
+
+
 def test_sequence_level_modes_away_from_the_trust_region_with_the_sampling_anchor():
     # The numbers, r = 1. 20 tokens all at w = 1.2 (inside the trust region): K_1 = Σ_t 1.2^t·log 1.2 = 40.8
     # exact, 40.8·10/1.2^20 = 10.7 by default (one factor on the whole KL-to-go), (1.2 + 19·1.28)·log 1.2 = 4.65 clipped
@@ -931,19 +935,9 @@ def test_sequence_level_modes_away_from_the_trust_region_with_the_sampling_ancho
     assert exact == pytest.approx(40.8, abs=0.05)
     got = {}
     for mode in ("exact", "truncated", "clipped"):
-        part = kl_part_of_gradient(
-            lp,
-            old,
-            None,
-            np.zeros(1),
-            np.ones((1, 20)),
-            divergence="urkl",
-            beta=1.0,
-            kl_level="sequence",
-            aggregation="seq-mean-token-sum",
-            kl_clip_mode=mode,
-        )
-        got[mode] = part[0, 0]
+        got[mode] = kl_part_of_gradient(lp, old, None, np.zeros(1), np.ones((1, 20)), kl_clip_mode=mode, **URKL_SEQ)[
+            0, 0
+        ]
     assert got["exact"] == pytest.approx(exact, rel=1e-9)
     assert got["truncated"] == pytest.approx(exact * 10.0 / 1.2**20, rel=1e-9)
     assert got["clipped"] == pytest.approx((1.2 + 19 * 1.28) * np.log(1.2), rel=1e-9)
@@ -955,18 +949,7 @@ def test_sequence_level_modes_away_from_the_trust_region_with_the_sampling_ancho
     exact = sequence_K("urkl", lp, old, None, np.ones((1, 2)))[0]
     np.testing.assert_allclose(exact, [0.054, -0.051], atol=1e-3)
     with pytest.warns(KLSignWarning, match="kl_level='sequence' and the KL anchored to the sampling policy"):
-        _, grad, _ = grad_of(
-            lp,
-            old,
-            None,
-            np.zeros(1),
-            np.ones((1, 2)),
-            divergence="urkl",
-            beta=1.0,
-            kl_level="sequence",
-            aggregation="seq-mean-token-sum",
-            kl_clip_mode="clipped",
-        )
+        _, grad, _ = grad_of(lp, old, None, np.zeros(1), np.ones((1, 2)), kl_clip_mode="clipped", **URKL_SEQ)
     np.testing.assert_allclose(grad[0], [1.1 * np.log(1.1) + 0.8 * np.log(0.8), 0.8 * np.log(0.8)], rtol=1e-9)
     assert np.sign(grad[0, 0]) != np.sign(exact[0])
 

@@ -451,9 +451,10 @@ stage_tests() {
     else
         pytest_args+=(-m gpu tests/test_gpu.py)
     fi
-    # A test past its time fails alone (pytest-timeout, in the GPU image), so the JUnit XML is still written.
+    # A test past its time fails alone (pytest-timeout, in the GPU image, loaded by its entry point), so that the
+    # JUnit XML is still written.
     if "$PY" -c "import pytest_timeout" 2>/dev/null; then
-        pytest_args+=(-p pytest_timeout --timeout "$([[ $DRY_RUN == 1 ]] && echo 600 || echo 150)")
+        pytest_args+=(--timeout "$([[ $DRY_RUN == 1 ]] && echo 600 || echo 150)")
     fi
     limited "$PY" -m pytest "${pytest_args[@]}" 2>&1 | tee "$RESULTS/pytest_gpu.log"
     "$PY" - "$RESULTS/pytest_gpu.xml" "$DRY_RUN" <<'EOF'

@@ -351,7 +351,8 @@ if ((${#FAILED[@]})); then exit 1; fi
 stage_e2e() {
     # A ~31M-parameter Qwen3 (the tiny one in the dry run) with a character tokenizer covering the paper's prompt, and
     # a math parquet in the authors' schema (the rows of tests/test_math_task_data.py's authors_row). Small, so that
-    # its four checkpoints (model and optimizer state) stay near 1.5 GB; the 0.5B model is tests/test_gpu.py's.
+    # what the two runs write (three checkpoints of 378 MB, two final models) stays near 1.4 GB (22 GB at 0.5B); the
+    # 0.5B model is tests/test_gpu.py's.
     limited "$PY" - "$WORK" <<'EOF'
 import os, string, sys
 
@@ -362,7 +363,9 @@ from test_gpu import DRY_RUN, TINY
 
 work = sys.argv[1]
 E2E = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=2048)
-sizes = {**(TINY if DRY_RUN else E2E), "max_position_embeddings": 1024}
+# RPG_E2E_MODEL=gpu: the GPU run's model in the dry run too (to measure what its checkpoints take on disk).
+tiny = DRY_RUN and os.environ.get("RPG_E2E_MODEL") != "gpu"
+sizes = {**(TINY if tiny else E2E), "max_position_embeddings": 1024}
 save_tiny_model(os.path.join(work, "model"), tokenizer=build_char_tokenizer(string.printable), **sizes)
 rows = [authors_row(f"What is {a}+{b}?", str(a + b), index=i) for i, (a, b) in
         enumerate((a, b) for a in range(1, 9) for b in range(1, 9))]

@@ -22,7 +22,7 @@ while [[ $# -gt 0 ]]; do
         --venv) VENV="$2"; shift ;;
         --python) PY312="$2"; shift ;;
         --pyarrow) PYARROW="$2"; shift ;;
-        -h | --help) sed -n '4,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h | --help) sed -n '4,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "gpu_image_env.sh: unknown argument $1" >&2; exit 2 ;;
     esac
     shift

@@ -163,60 +163,7 @@ FAILED=()
 
 # report: summary.md from whatever the results folder holds; then the archive (written aside, then moved in place).
 report() {
-    "$PY" - "$RESULTS" <<'EOF' || true
-import glob, json, os, sys
-
-results = sys.argv[1]
-lines = []
-for name, label in (("env.json", "env"), ("image.json", "image")):
-    path = os.path.join(results, name)
-    if os.path.exists(path):
-        data = json.load(open(path))
-        if label == "env":
-            lines.append(f"device: {data['device']}, driver {data.get('driver')}, CUDA {data['cuda']}, "
-                         f"{data['date_utc']}, commit {data['commit']}")
-            lines.append(f"versions: {data['versions']}")
-        else:
-            lines.append(f"image before the install: {data}")
-path = os.path.join(results, "stages.tsv")
-if os.path.exists(path):
-    lines += ["", "| stage | exit status | seconds | deadline (s) |", "|---|---|---|---|"]
-    lines += ["| " + " | ".join(row.split("\t")) + " |" for row in open(path).read().splitlines() if row]
-lines.append("")
-path = os.path.join(results, "e2e_summary.json")
-if os.path.exists(path):
-    e2e = json.load(open(path))
-    lines += [f"e2e: {e2e['steps']} steps + resume of {e2e['resumed_steps']}, last step {e2e['last_step']}, "
-              f"max |loss difference| after resume {e2e['max_abs_loss_difference_after_resume']:.3g}, "
-              f"checkpoints {e2e.get('checkpoint_bytes', 0) / 2**20:.0f} MiB", ""]
-path = os.path.join(results, "pytest_gpu.log")
-if os.path.exists(path):
-    tail = [line for line in open(path).read().splitlines() if line.strip()][-1:]
-    lines += [f"pytest: {tail[0] if tail else '?'}", ""]
-files = sorted(glob.glob(os.path.join(results, "bench_speed_*.json")))
-if files:
-    lines += ["| completion tokens | training | run | step time (s) | tokens/s | peak memory (MiB) |",
-              "|---|---|---|---|---|---|"]
-    ratios = ["", "| completion tokens | training | comparison | step time ratio | peak memory ratio | "
-              "peak memory saved (MiB) |", "|---|---|---|---|---|---|"]
-    losses = [""]
-    for path in files:
-        report = json.load(open(path))
-        s = report["settings"]
-        mode = "LoRA" if s["lora"] else "full"
-        for name, run in report["runs"].items():
-            lines.append(f"| {s['completion_length']} | {mode} | {name} | {run['step_time_s']:.4f} | "
-                         f"{run['tokens_per_s']:.0f} | {run['peak_memory_bytes'] / 2**20:.1f} |")
-        for label, r in report["ratios"].items():
-            ratios.append(f"| {s['completion_length']} | {mode} | {label} | {r['step_time']:.3f} | "
-                          f"{r['peak_memory']:.3f} | {r['peak_memory_saved_bytes'] / 2**20:.1f} |")
-        loss = report["loss_only"]
-        losses.append(f"(c) loss alone ({mode}, {s['completion_length']}), B={s['loss_batch']}, T={s['loss_length']}: "
-                      f"RPG {loss['rpg_loss_s'] * 1e3:.2f} ms, GRPO {loss['grpo_loss_s'] * 1e3:.2f} ms, "
-                      f"ratio {loss['ratio']:.3f}")
-    lines += ratios + losses
-open(os.path.join(results, "summary.md"), "w").write("\n".join(lines) + "\n")
-EOF
+    "$PY" examples/gpu_stages.py summary "$RESULTS" || true
     if [[ -n "$ARCHIVE" ]]; then
         mkdir -p "$(dirname "$ARCHIVE")"
         tar czf "$ARCHIVE.part" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")" && mv -f "$ARCHIVE.part" "$ARCHIVE"
@@ -279,58 +226,7 @@ stage_setup() {
         echo "No carried wheels (--wheels '$WHEELS'): the packages installed for $PY are used"
     fi
     # Device, driver, versions, date and commit; stops here if a package is missing or (GPU run) CUDA is not there.
-    limited "$PY" - "$RESULTS/env.json" "$DEVICE" <<'EOF'
-import datetime, glob, hashlib, importlib, importlib.metadata as m, json, os, platform, subprocess, sys
-
-path, device = sys.argv[1:3]
-import torch
-
-if device == "cuda" and not torch.cuda.is_available():
-    sys.exit("gpu_run.sh: CUDA is not available here; use --dry-run for the CPU dry run.")
-versions = {}
-for name in ["torch", "transformers", "trl", "accelerate", "peft", "datasets", "math-verify", "deepspeed", "pyarrow",
-             "numpy", "huggingface-hub", "tokenizers", "regex"]:
-    try:
-        versions[name] = m.version(name)
-    except m.PackageNotFoundError:
-        versions[name] = None
-missing = [n for n in ["trl", "datasets", "math-verify"] + (["deepspeed"] if device == "cuda" else []) if not versions[n]]
-if missing:
-    sys.exit(f"gpu_run.sh: missing packages {missing}: carry their wheels (bash examples/gpu_run.sh --fetch-wheels)")
-for module in ["trl", "datasets", "math_verify", "rpg_trl"] + (["deepspeed"] if device == "cuda" else []):
-    importlib.import_module(module)
-
-
-def run(cmd):
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):  # the lent machine gets the working tree without .git
-        return None
-
-
-def source_digest():
-    digest = hashlib.sha256()
-    for path in sorted(glob.glob("rpg_trl/**/*.py", recursive=True) + glob.glob("examples/*") + glob.glob("tests/*.py")):
-        digest.update(path.encode() + b"\0" + open(path, "rb").read())
-    return digest.hexdigest()[:16]
-
-
-env = {
-    "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
-    "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if device == "cuda" else None,
-    "cuda": torch.version.cuda if device == "cuda" else None,
-    "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory if device == "cuda" else None,
-    "python": platform.python_version(),
-    "versions": versions,
-    # The lent machine gets the working tree without .git: RPG_COMMIT, else git, else none; the digest of the
-    # sources that ran (rpg_trl, examples, tests) identifies the tree either way.
-    "commit": os.environ.get("RPG_COMMIT") or run(["git", "rev-parse", "HEAD"]),
-    "source_sha256": source_digest(),
-}
-open(path, "w").write(json.dumps(env, indent=2) + "\n")
-print(json.dumps(env))
-EOF
+    limited "$PY" examples/gpu_stages.py env "$RESULTS/env.json" "$DEVICE"
     "$PY" -m pip check >"$RESULTS/pip_check.txt" 2>&1 || echo "note: pip check reports conflicts (see $RESULTS/pip_check.txt)"
 }
 
@@ -353,24 +249,7 @@ stage_e2e() {
     # a math parquet in the authors' schema (the rows of tests/test_math_task_data.py's authors_row). Small, so that
     # what the two runs write (three checkpoints of 378 MB, two final models) stays near 1.4 GB (22 GB at 0.5B); the
     # 0.5B model is tests/test_gpu.py's.
-    limited "$PY" - "$WORK" <<'EOF'
-import os, string, sys
-
-sys.path.insert(0, "tests")
-from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model
-from test_math_task_data import authors_row, write_parquet
-from test_gpu import DRY_RUN, TINY
-
-work = sys.argv[1]
-E2E = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=2048)
-# RPG_E2E_MODEL=gpu: the GPU run's model in the dry run too (to measure what its checkpoints take on disk).
-tiny = DRY_RUN and os.environ.get("RPG_E2E_MODEL") != "gpu"
-sizes = {**(TINY if tiny else E2E), "max_position_embeddings": 1024}
-save_tiny_model(os.path.join(work, "model"), tokenizer=build_char_tokenizer(string.printable), **sizes)
-rows = [authors_row(f"What is {a}+{b}?", str(a + b), index=i) for i, (a, b) in
-        enumerate((a, b) for a in range(1, 9) for b in range(1, 9))]
-print("train file:", write_parquet(os.path.join(work, "math.parquet"), rows), len(rows), "rows")
-EOF
+    limited "$PY" examples/gpu_stages.py e2e-inputs "$WORK"
     local launch precision completion
     if [[ $DRY_RUN == 1 ]]; then
         launch=(--cpu --mixed_precision no)
@@ -394,55 +273,7 @@ EOF
         tee "$RESULTS/e2e_train.log"
     limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e_resumed" \
         --resume_from_checkpoint "$WORK/e2e/checkpoint-10" 2>&1 | tee "$RESULTS/e2e_resume.log"
-    limited "$PY" - "$RESULTS" "$WORK" <<'EOF'
-import ast, json, math, os, sys
-
-results, work = sys.argv[1:3]
-
-
-def logs(name):
-    """The training steps' metric dicts the trainer printed (values as numbers)."""
-    lines = open(os.path.join(results, name)).read().splitlines()
-    dicts = [ast.literal_eval(line) for line in lines if line.startswith("{'") and "'loss'" in line]
-    return [{k: float(v) for k, v in d.items()} for d in dicts]
-
-
-def size(path):
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
-
-
-train, resumed = logs("e2e_train.log"), logs("e2e_resume.log")
-assert len(train) == 20, f"the run logged {len(train)} training steps, expected 20"
-assert len(resumed) == 10, f"the resumed run logged {len(resumed)} steps, expected 10 (11 to 20)"
-# Every step logs the loss and RPG's metrics; the reward is logged at the steps that generate (1 in 2 here).
-keys = ["loss", "kl", "clip_ratio/dual_mean", "importance_weight/max", "entropy"]
-for name, run in (("run", train), ("resumed run", resumed)):
-    for key in keys + ["reward"]:
-        values = [log[key] for log in run if key in log]
-        expected = len(run) if key != "reward" else len(run) // 2
-        assert len(values) == expected and all(math.isfinite(v) for v in values), (name, key, values)
-checkpoint = os.path.join(work, "e2e", "checkpoint-10")
-assert os.path.isfile(os.path.join(checkpoint, "rpg_generation_state.pt")), os.listdir(checkpoint)
-assert os.path.isfile(os.path.join(work, "e2e_resumed", "model.safetensors"))
-state = json.load(open(os.path.join(work, "e2e_resumed", "checkpoint-20", "trainer_state.json")))
-assert state["global_step"] == 20, state["global_step"]
-summary = {
-    "steps": len(train),
-    "resumed_steps": len(resumed),
-    "metrics": keys,
-    "last_step": {k: train[-1][k] for k in keys},
-    "rewards": [log["reward"] for log in train if "reward" in log],
-    # Exact resume (rpg_trl/reliability/generation_state.py): steps 11-20 of both runs train on the same batches.
-    "loss_steps_11_20": [log["loss"] for log in train[10:]],
-    "loss_steps_11_20_resumed": [log["loss"] for log in resumed],
-    "max_abs_loss_difference_after_resume": max(abs(a["loss"] - b["loss"]) for a, b in zip(train[10:], resumed)),
-    # What the two runs wrote: checkpoints 10 and 20 of each, and each one's final model.
-    "checkpoint_bytes": size(os.path.join(work, "e2e")) + size(os.path.join(work, "e2e_resumed")),
-    "one_checkpoint_bytes": size(checkpoint),
-}
-json.dump(summary, open(os.path.join(results, "e2e_summary.json"), "w"), indent=2)
-print("e2e ok:", json.dumps(summary))
-EOF
+    limited "$PY" examples/gpu_stages.py e2e-check "$RESULTS" "$WORK"
     rm -rf "$WORK/e2e" "$WORK/e2e_resumed"
 }
 
@@ -460,18 +291,7 @@ stage_tests() {
         pytest_args+=(--timeout "$([[ $DRY_RUN == 1 ]] && echo 600 || echo 150)")
     fi
     limited "$PY" -m pytest "${pytest_args[@]}" 2>&1 | tee "$RESULTS/pytest_gpu.log"
-    "$PY" - "$RESULTS/pytest_gpu.xml" "$DRY_RUN" <<'EOF'
-import sys
-import xml.etree.ElementTree as ET
-
-root = ET.parse(sys.argv[1]).getroot()
-suite = root if root.tag == "testsuite" else root.find("testsuite")
-counts = {key: int(suite.get(key)) for key in ("tests", "failures", "errors", "skipped")}
-print("pytest:", counts)
-assert counts["tests"] > 0 and counts["failures"] == counts["errors"] == 0, counts
-if sys.argv[2] != "1":  # on the GPU nothing may skip (DeepSpeed included)
-    assert counts["skipped"] == 0, f"{counts['skipped']} GPU tests skipped: see pytest_gpu.log"
-EOF
+    "$PY" examples/gpu_stages.py pytest-check "$RESULTS/pytest_gpu.xml" "$DRY_RUN"
 }
 
 # ---------------------------------------------------------------------------------------------------------- bench

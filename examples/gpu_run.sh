@@ -129,13 +129,14 @@ done
 
 # ------------------------------------------------------------------------------------------------------ deadlines
 # Seconds per stage, `setup` included (the install and the checks before the first stage). On the GPU: call 1
-# (e2e,tests) 45+135+180 = 360 s, call 2 (bench-1k) 45+255 = 300 s (docs/benchmarks.md). The dry run on 2 CPU cores
-# takes longer. --limits e2e=200,tests=300 overrides some.
+# (e2e,tests) 40+120+170 = 330 s, call 2 (bench-1k) 40+230 = 270 s, each 30 s inside its device call's timeout_s for
+# the summary and the archive (docs/benchmarks.md). The dry run on 2 CPU cores takes longer. --limits e2e=200,tests=300
+# overrides some.
 declare -A LIMIT
 if [[ $DRY_RUN == 1 ]]; then
     LIMIT=([setup]=300 [e2e]=600 [tests]=900 [bench-1k]=600 [bench-4k]=600)
 else
-    LIMIT=([setup]=45 [e2e]=135 [tests]=180 [bench-1k]=255 [bench-4k]=420)
+    LIMIT=([setup]=40 [e2e]=120 [tests]=170 [bench-1k]=230 [bench-4k]=420)
 fi
 for item in ${LIMITS//,/ }; do
     [[ $item == *=* && -n ${LIMIT[${item%%=*}]+x} ]] || { echo "gpu_run.sh: bad --limits entry $item" >&2; exit 2; }

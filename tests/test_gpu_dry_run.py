@@ -1,7 +1,9 @@
 """CI's proof that the GPU suite still imports and runs: a few of `tests/test_gpu.py`'s tests in its CPU dry run
 (`RPG_GPU_DRY_RUN=1`: the tiny Qwen3 of `rpg_trl.tools.toy` instead of the 0.5B model, same test functions), through pytest
-in a subprocess. The whole dry run is `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` (about 3 minutes on
-2 CPU cores); on a GPU, `python -m pytest -q -m gpu tests/test_gpu.py` (see docs/benchmarks.md)."""
+in a subprocess. The whole dry run is `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` (11 tests, 25-45 s on
+2 CPU cores); on a GPU, `python -m pytest -q -m gpu tests/test_gpu.py` (see docs/benchmarks.md). Also the pure steps of
+`examples/gpu_run.sh`: which carried wheels it installs (examples/gpu_wheels.py) and its checks and summary
+(examples/gpu_stages.py)."""
 
 import json
 import os

@@ -4,40 +4,48 @@
 # The GPU run of rpg_trl (docs/benchmarks.md): run from the repository root on a machine with one CUDA GPU.
 #
 #   e2e       examples/rpg_math.py under `accelerate launch --num_processes 1`, transformers generation (no vLLM), on a
-#             locally built ~0.5B Qwen3 (random weights, character tokenizer) and a small local math parquet in the
-#             authors' (verl) schema: 20 steps with checkpoints at 10 and 20, then a resume from checkpoint-10 to 20;
-#             checks that both logs show the RPG metrics (kl, clip_ratio/dual_mean, importance_weight/max).
-#   tests     python -m pytest -q -m gpu tests/test_gpu.py (bf16 every divergence x estimator with gradient
-#             checkpointing, LoRA with the "ref" adapter sync, DeepSpeed ZeRO-2 and ZeRO-3); fails if any test skips.
+#             locally built ~31M-parameter Qwen3 (hidden 512 x 8 layers, random weights, character tokenizer; the tiny
+#             one in the dry run) and a small local math parquet in the authors' (verl) schema: 20 steps with
+#             checkpoints at 10 and 20, then a resume from checkpoint-10 to 20; checks that both logs show the RPG
+#             metrics (kl, clip_ratio/dual_mean, importance_weight/max) at every step.
+#   tests     python -m pytest -q -m gpu tests/test_gpu.py on a ~0.5B Qwen3 (bf16 every divergence x estimator with
+#             gradient checkpointing, the reward rising, LoRA with the "ref" adapter sync, DeepSpeed ZeRO-2 and ZeRO-3
+#             under `accelerate launch`); fails if any test skips.
 #   bench-1k, bench-4k
 #             rpg-trl bench-speed --device cuda at 1024 / 4096 completion tokens, full fine-tuning and LoRA: tokens/s
-#             and peak GPU memory of RPGTrainer against GRPOTrainer, side by side in one run each.
+#             and peak GPU memory of RPGTrainer against GRPOTrainer, side by side; one saved model for all the workers
+#             of a stage, removed at its end.
 #
-# Everything lands in the results folder (default gpu_results/<UTC date and time>): logs, JSON, pytest's JUnit XML,
-# env.json (device, versions, date, commit) and summary.md (the tables of docs/benchmarks.md). --archive FILE also packs
-# the folder into one .tar.gz (the device tool brings back at most 8 files: use --archive "$OUT/NAME.tar.gz").
+# Each stage runs under a deadline (--limits; defaults below) and the results are summarised and archived after each
+# stage and at exit, so a call cut short still brings back what it finished. Everything lands in the results folder
+# (default gpu_results/<UTC date and time>): image.json (the versions found before anything is installed), env.json
+# (device, driver, CUDA, versions, date, commit), stages.tsv (each stage's exit status, seconds and deadline), logs,
+# JSON, pytest's JUnit XML and summary.md (the tables of docs/benchmarks.md). --archive FILE packs the folder into one
+# .tar.gz (the device tool brings back files written under $OUT: use --archive "$OUT/NAME.tar.gz").
 #
 # Usage:
 #   bash examples/gpu_run.sh [--dry-run] [--stages e2e,tests,bench-1k,bench-4k] [--results DIR] [--archive FILE]
-#                            [--bench-repeats N] [--bench-modes full,lora] [--wheels DIR]
+#                            [--bench-repeats N] [--bench-modes full,lora] [--wheels DIR] [--limits STAGE=S,...]
 #   bash examples/gpu_run.sh --fetch-wheels [--wheels DIR]
 #
 # --dry-run does the same on CPU with the tiny Qwen3 of rpg_trl.tools.toy and tiny lengths (the GPU tests through
-# RPG_GPU_DRY_RUN=1, DeepSpeed skipped; bench-1k full and bench-4k LoRA only, unless --bench-modes is given): it proves
-# the run works before a GPU is at hand.
+# RPG_GPU_DRY_RUN=1, DeepSpeed skipped; bench-1k full and bench-4k LoRA only, unless --bench-modes is given), with the
+# carried wheels installed exactly as on the GPU machine: run it with a Python 3.12 built like the GPU image
+# (examples/gpu_image_env.sh builds one: PYTHON=DIR/bin/python bash examples/gpu_run.sh --dry-run), or with
+# --wheels '' to use the packages installed here instead.
 #
 # Carrying the packages. The lent GPU machine has PyTorch, CUDA, accelerate, transformers, peft, pytest, pandas and
-# pyarrow, but no network, no vLLM and no trl, datasets, deepspeed or math-verify. On a machine with PyPI access:
+# pyarrow, but no network, no vLLM and no trl, datasets, deepspeed or math-verify. On a machine with PyPI access, in
+# the environment CI tests (pip install -e ".[deepspeed,test]"):
 #   bash examples/gpu_run.sh --fetch-wheels
-# downloads into wheels/ (ignored by git) the wheels of trl, transformers, peft, datasets, math-verify and their missing
-# requirements for Python 3.12 on x86-64 Linux, pinned to the versions installed here (the ones CI tests), and builds a
-# deepspeed wheel (DeepSpeed publishes source only; DS_BUILD_OPS=0, its kernels compile on first use). Then hand the
-# folder to the machine with the device tool's `carry` argument (about 20 MiB; the working tree travels with it, 64 MiB
-# at most):
-#   run(command="bash examples/gpu_run.sh --stages e2e --archive $OUT/e2e.tar.gz", carry=["wheels"], timeout_s=600)
-# This script installs whatever wheels/ holds with `pip install --no-index --no-deps --target` into a temporary
-# folder put first on PYTHONPATH, and puts the repository on PYTHONPATH (no install of rpg_trl needed). One command may
-# run 10 minutes on the lent machine: run the stages in separate calls (docs/benchmarks.md lists them).
+# downloads into wheels/ (ignored by git) the wheels of examples/gpu_wheels.py's CARRIED list for Python 3.12 on
+# x86-64 Linux, each pinned to the version installed here (a package missing here stops the fetch), the fallback
+# datasets wheels of its FALLBACKS into wheels/fallback/ (for an image whose pyarrow is older than the carried datasets
+# needs: chosen at run time), and builds a deepspeed wheel at the version installed here (DeepSpeed publishes source
+# only; DS_BUILD_OPS=0, its kernels compile on first use). Hand the folder to the machine with the device tool's
+# `carry` argument (about 22 MiB; the working tree travels with it, 64 MiB at most); docs/benchmarks.md gives the two
+# calls. This script installs the chosen wheels with `pip install --no-index --no-deps --target` into a temporary
+# folder put first on PYTHONPATH, and puts the repository on PYTHONPATH (no install of rpg_trl needed).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -52,9 +60,9 @@ WHEELS="wheels"
 BENCH_REPEATS=""
 BENCH_MODES="full,lora"
 BENCH_MODES_SET=0
-DEEPSPEED_VERSION="${DEEPSPEED_VERSION:-0.19.8}"
+LIMITS=""
 
-usage() { sed -n '20,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '27,30p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -66,6 +74,7 @@ while [[ $# -gt 0 ]]; do
         --wheels) WHEELS="$2"; shift ;;
         --bench-repeats) BENCH_REPEATS="$2"; shift ;;
         --bench-modes) BENCH_MODES="$2"; BENCH_MODES_SET=1; shift ;;
+        --limits) LIMITS="$2"; shift ;;
         -h | --help) usage; exit 0 ;;
         *) echo "gpu_run.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
     esac
@@ -73,38 +82,38 @@ while [[ $# -gt 0 ]]; do
 done
 
 # ---------------------------------------------------------------------------------------------------------- wheels
+PLATFORMS=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
 fetch_wheels() {
+    local pins tier ds_version scratch
+    # Pinned to the versions installed here (the ones CI tests); a package missing here stops the fetch.
+    pins="$("$PY" examples/gpu_wheels.py pins)"
+    ds_version="$("$PY" -c 'import importlib.metadata as m; print(m.version("deepspeed"))' 2>/dev/null)" || {
+        echo "gpu_run.sh: deepspeed is not installed in $PY: the carried wheel is built at the version CI tests" \
+            "(pip install -e '.[deepspeed,test]')" >&2
+        exit 1
+    }
+    rm -rf "$WHEELS"/*.whl "$WHEELS/fallback"  # one version of each: two stop the install
     mkdir -p "$WHEELS"
-    rm -f "$WHEELS"/*.whl  # one version of each: two stop the install
-    # Pinned to the versions installed here. The GPU machine lacks trl, datasets, math-verify, deepspeed and their
-    # requirements below; transformers and peft replace its own (the versions CI tests); its accelerate, tokenizers,
-    # huggingface-hub, safetensors, pandas, pyarrow, psutil, msgpack, ninja, py-cpuinfo, einops, sympy, typer are used.
-    local pins
-    pins="$("$PY" - <<'EOF'
-import importlib.metadata as m
-
-names = ["trl", "transformers", "peft", "datasets", "dill", "multiprocess", "fsspec", "math-verify", "latex2sympy2_extended",
-         "antlr4-python3-runtime", "pydantic", "pydantic-core", "annotated-types", "typing-inspection", "hjson"]
-for name in names:
-    try:
-        print(f"{name}=={m.version(name)}")
-    except m.PackageNotFoundError:
-        print(name)
-EOF
-)"
     # shellcheck disable=SC2086
-    "$PY" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$WHEELS" $pins
-    DS_BUILD_OPS=0 "$PY" -m pip wheel --no-deps --no-build-isolation -w "$WHEELS" "deepspeed==$DEEPSPEED_VERSION"
+    "$PY" -m pip download --no-deps --only-binary=:all: "${PLATFORMS[@]}" -d "$WHEELS" $pins
+    for tier in $("$PY" examples/gpu_wheels.py fallback-tiers); do
+        # shellcheck disable=SC2046
+        "$PY" -m pip download --no-deps --only-binary=:all: "${PLATFORMS[@]}" -d "$WHEELS/fallback/$tier" \
+            $("$PY" examples/gpu_wheels.py fallback-pins "$tier")
+    done
+    # DeepSpeed publishes source only. Built in pip's isolated build environment (setuptools and wheel fetched for
+    # it), so that a fresh machine builds it too (with --no-build-isolation it needs `wheel` installed here).
+    DS_BUILD_OPS=0 "$PY" -m pip wheel --no-deps --no-cache-dir -w "$WHEELS" "deepspeed==$ds_version"
     # The install the GPU machine will do, for its Python 3.12 on x86-64, into a scratch folder: checks the tags.
-    local scratch
     scratch="$(mktemp -d)"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$scratch" --python-version 3.12 \
-        --implementation cp --only-binary=:all: --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-        --platform manylinux2014_x86_64 "$WHEELS"/*.whl
+    for tier in main $("$PY" examples/gpu_wheels.py fallback-tiers); do
+        # shellcheck disable=SC2046
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$scratch/$tier" --only-binary=:all: \
+            "${PLATFORMS[@]}" $("$PY" examples/gpu_wheels.py tier "$WHEELS" "$tier")
+    done
     rm -rf "$scratch"
-    ls -l "$WHEELS"
+    ls -l "$WHEELS" "$WHEELS"/fallback/*
     du -sh "$WHEELS"
 }
 
@@ -118,6 +127,29 @@ for stage in ${STAGES//,/ }; do
     case "$stage" in e2e | tests | bench-1k | bench-4k) ;; *) echo "gpu_run.sh: unknown stage $stage" >&2; exit 2 ;; esac
 done
 
+# ------------------------------------------------------------------------------------------------------ deadlines
+# Seconds per stage, `setup` included (the install and the checks before the first stage). On the GPU: call 1
+# (e2e,tests) 40+120+170 = 330 s, call 2 (bench-1k) 40+230 = 270 s, each 30 s inside its device call's timeout_s for
+# the summary and the archive (docs/benchmarks.md). The dry run on 2 CPU cores takes longer. --limits e2e=200,tests=300
+# overrides some.
+declare -A LIMIT
+if [[ $DRY_RUN == 1 ]]; then
+    LIMIT=([setup]=300 [e2e]=600 [tests]=900 [bench-1k]=600 [bench-4k]=600)
+else
+    LIMIT=([setup]=40 [e2e]=120 [tests]=170 [bench-1k]=230 [bench-4k]=420)
+fi
+for item in ${LIMITS//,/ }; do
+    [[ $item == *=* && -n ${LIMIT[${item%%=*}]+x} ]] || { echo "gpu_run.sh: bad --limits entry $item" >&2; exit 2; }
+    LIMIT[${item%%=*}]="${item#*=}"
+done
+DEADLINE=0
+# limited CMD...: runs CMD (and its children) until the current stage's deadline; 124 when it is cut short.
+limited() {
+    local left=$((DEADLINE - $(date +%s)))
+    if ((left <= 0)); then echo "gpu_run.sh: the stage's deadline has passed before: $*" >&2; return 124; fi
+    timeout --kill-after=10 "$left" "$@"
+}
+
 # ----------------------------------------------------------------------------------------------------- environment
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export WANDB_DISABLED=true PYTHONUNBUFFERED=1 TRL_EXPERIMENTAL_SILENCE=1
@@ -128,91 +160,98 @@ fi
 mkdir -p "$RESULTS"
 RESULTS="$(cd "$RESULTS" && pwd)"
 WORK="$(mktemp -d "${TMPDIR:-/tmp}/rpg-gpu-run.XXXXXX")"
-trap 'rm -rf "$WORK"' EXIT
+FAILED=()
 
-shopt -s nullglob
-wheels=("$WHEELS"/*.whl)
-shopt -u nullglob
-if [[ $DRY_RUN == 1 && ${#wheels[@]} -gt 0 ]]; then
-    echo "Dry run: the installed packages are used; the wheels in $WHEELS (Python 3.12) are for the GPU machine"
-    wheels=()
-fi
-if [[ ${#wheels[@]} -gt 0 ]]; then
-    echo "Installing ${#wheels[@]} carried wheels from $WHEELS into $WORK/site"
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" "${wheels[@]}"
-    export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-else
-    export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
-fi
+# report: summary.md from whatever the results folder holds; then the archive (written aside, then moved in place).
+report() {
+    "$PY" examples/gpu_stages.py summary "$RESULTS" || true
+    if [[ -n "$ARCHIVE" ]]; then
+        mkdir -p "$(dirname "$ARCHIVE")"
+        tar czf "$ARCHIVE.part" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")" && mv -f "$ARCHIVE.part" "$ARCHIVE"
+    fi
+}
+finish() {
+    local rc=$?
+    trap - EXIT
+    report
+    cat "$RESULTS/summary.md" 2>/dev/null || true
+    rm -rf "$WORK"
+    [[ -n "$ARCHIVE" ]] && echo "Archived the results into $ARCHIVE"
+    echo "Results: $RESULTS (summary.md, stages.tsv, env.json, logs, JSON)"
+    if ((${#FAILED[@]})); then echo "gpu_run.sh: failed stages: ${FAILED[*]}" >&2; exit 1; fi
+    exit "$rc"
+}
+trap finish EXIT
+trap 'exit 143' TERM INT
+
+# run_stage NAME FUNCTION: FUNCTION in a subshell under set -e and NAME's deadline; records it in stages.tsv (a failure
+# in FAILED too), then the summary and the archive. Not to be called where set -e is ignored (after || or in an if
+# condition), which would ignore it inside FUNCTION too.
+run_stage() {
+    local name="$1" start rc
+    start=$(date +%s)
+    DEADLINE=$((start + LIMIT[$name]))
+    echo "== $name (deadline ${LIMIT[$name]} s)"
+    set +e
+    (set -e; "$2")
+    rc=$?
+    set -e
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" "${LIMIT[$name]}" >>"$RESULTS/stages.tsv"
+    if ((rc != 0)); then
+        FAILED+=("$name")
+        echo "gpu_run.sh: stage $name failed (exit status $rc$([[ $rc == 124 ]] && echo ': deadline reached'))" >&2
+    fi
+    report
+}
+
+stage_setup() {
+    # The image's own versions first, before anything is installed (pyarrow, regex and peft decide what fits).
+    "$PY" examples/gpu_wheels.py versions "$RESULTS/image.json"
+    if [[ -n "$WHEELS" && -d "$WHEELS" ]] && compgen -G "$WHEELS/*.whl" >/dev/null; then
+        local pyver
+        pyver="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+        if [[ $pyver != 3.12 ]]; then
+            echo "gpu_run.sh: the wheels in $WHEELS are for Python 3.12 (the GPU image); $PY is Python $pyver." \
+                "Build the image's environment (bash examples/gpu_image_env.sh) and run with PYTHON=ITS/bin/python," \
+                "or give --wheels '' to use the packages installed here" >&2
+            return 1
+        fi
+        local chosen
+        mapfile -t chosen < <("$PY" examples/gpu_wheels.py choose "$WHEELS")
+        ((${#chosen[@]})) || return 1
+        echo "Installing ${#chosen[@]} carried wheels from $WHEELS into $WORK/site"
+        printf '%s\n' "${chosen[@]##*/}" >"$RESULTS/wheels_installed.txt"
+        limited "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
+            "${chosen[@]}"
+    else
+        echo "No carried wheels (--wheels '$WHEELS'): the packages installed for $PY are used"
+    fi
+    # Device, driver, versions, date and commit; stops here if a package is missing or (GPU run) CUDA is not there.
+    limited "$PY" examples/gpu_stages.py env "$RESULTS/env.json" "$DEVICE"
+    "$PY" -m pip check >"$RESULTS/pip_check.txt" 2>&1 || echo "note: pip check reports conflicts (see $RESULTS/pip_check.txt)"
+}
 
 if [[ $DRY_RUN == 1 ]]; then
     export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" RPG_GPU_DRY_RUN=1
     DEVICE=cpu
-    BENCH_REPEATS="${BENCH_REPEATS:-1}"
 else
     export DS_ACCELERATOR=cuda  # the carried deepspeed wheel was built on a machine without CUDA
     DEVICE=cuda
-    BENCH_REPEATS="${BENCH_REPEATS:-1}"
 fi
-
-# Device, versions, date and commit; stops here if a package is missing or (GPU run) CUDA is not there.
-"$PY" - "$RESULTS/env.json" "$DEVICE" <<'EOF'
-import datetime, importlib, importlib.metadata as m, json, platform, subprocess, sys
-
-path, device = sys.argv[1:3]
-import torch
-
-if device == "cuda" and not torch.cuda.is_available():
-    sys.exit("gpu_run.sh: CUDA is not available here; use --dry-run for the CPU dry run.")
-versions = {}
-for name in ["torch", "transformers", "trl", "accelerate", "peft", "datasets", "math-verify", "deepspeed"]:
-    try:
-        versions[name] = m.version(name)
-    except m.PackageNotFoundError:
-        versions[name] = None
-missing = [n for n, v in versions.items() if v is None and (n != "deepspeed" or device == "cuda")]
-if missing:
-    sys.exit(f"gpu_run.sh: missing packages {missing}: carry their wheels (bash examples/gpu_run.sh --fetch-wheels)")
-for module in ["trl", "datasets", "math_verify", "rpg_trl"] + (["deepspeed"] if device == "cuda" else []):
-    importlib.import_module(module)
-try:  # the lent machine gets the working tree without .git, maybe without git
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or None
-except OSError:
-    commit = None
-env = {
-    "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    "device": torch.cuda.get_device_name(0) if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
-    "cuda": torch.version.cuda if device == "cuda" else None,
-    "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory if device == "cuda" else None,
-    "python": platform.python_version(),
-    "versions": versions,
-    "commit": commit,
-}
-open(path, "w").write(json.dumps(env, indent=2) + "\n")
-print(json.dumps(env))
-EOF
-"$PY" -m pip check >"$RESULTS/pip_check.txt" 2>&1 || echo "note: pip check reports conflicts (see $RESULTS/pip_check.txt)"
+BENCH_REPEATS="${BENCH_REPEATS:-1}"
+# The carried wheels go to $WORK/site (setup), first on the path; then the repository (no install of rpg_trl needed).
+export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+run_stage setup stage_setup
+if ((${#FAILED[@]})); then exit 1; fi
 
 # ------------------------------------------------------------------------------------------------------------ e2e
-if has_stage e2e; then
-    echo "== e2e: examples/rpg_math.py under accelerate launch, 20 steps, checkpoint, resume"
-    # The model of tests/test_gpu.py (HALF_B, ~0.5B; the tiny one in the dry run) with a character tokenizer covering
-    # the paper's prompt, and a math parquet in the authors' schema (the rows of tests/test_math_task_data.py's authors_row).
-    "$PY" - "$WORK" <<'EOF'
-import os, string, sys
-
-sys.path.insert(0, "tests")
-from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model
-from test_math_task_data import authors_row, write_parquet
-from test_gpu import MODEL_SIZES
-
-work = sys.argv[1]
-sizes = {**MODEL_SIZES, "max_position_embeddings": 1024}
-save_tiny_model(os.path.join(work, "model"), tokenizer=build_char_tokenizer(string.printable), **sizes)
-rows = [authors_row(f"What is {a}+{b}?", str(a + b), index=i) for i, (a, b) in
-        enumerate((a, b) for a in range(1, 9) for b in range(1, 9))]
-print("train file:", write_parquet(os.path.join(work, "math.parquet"), rows), len(rows), "rows")
-EOF
+stage_e2e() {
+    # A ~31M-parameter Qwen3 (the tiny one in the dry run) with a character tokenizer covering the paper's prompt, and
+    # a math parquet in the authors' schema (the rows of tests/test_math_task_data.py's authors_row). Small, so that
+    # what the two runs write (three checkpoints of 378 MB, two final models) stays near 1.4 GB (22 GB at 0.5B); the
+    # 0.5B model is tests/test_gpu.py's.
+    limited "$PY" examples/gpu_stages.py e2e-inputs "$WORK"
+    local launch precision completion
     if [[ $DRY_RUN == 1 ]]; then
         launch=(--cpu --mixed_precision no)
         precision=(--use_cpu true --bf16 false --gradient_checkpointing true)
@@ -220,158 +259,76 @@ EOF
     else
         launch=(--mixed_precision bf16)
         precision=(--bf16 true --gradient_checkpointing true)
-        completion=256
+        completion=128
     fi
-    train_args=(
+    local train_args=(
         --model_name_or_path "$WORK/model" --train_dataset "$WORK/math.parquet" --eval_strategy no
         --max_steps 20 --per_device_train_batch_size 8 --num_generations 4 --steps_per_generation 2
         --max_completion_length "$completion" --overlong_buffer $((completion / 4)) --beta 1e-4
         --learning_rate 1e-5 --logging_steps 1 --save_strategy steps --save_steps 10 --report_to none
         --disable_tqdm true --seed 0 "${precision[@]}"
     )
-    launcher=("$PY" -m accelerate.commands.launch --num_processes 1 --num_machines 1 --dynamo_backend no "${launch[@]}")
-    "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e" 2>&1 | tee "$RESULTS/e2e_train.log"
-    "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e_resumed" \
+    local launcher=("$PY" -m accelerate.commands.launch --num_processes 1 --num_machines 1 --dynamo_backend no
+        "${launch[@]}")
+    limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e" 2>&1 |
+        tee "$RESULTS/e2e_train.log"
+    limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e_resumed" \
         --resume_from_checkpoint "$WORK/e2e/checkpoint-10" 2>&1 | tee "$RESULTS/e2e_resume.log"
-    "$PY" - "$RESULTS" "$WORK" <<'EOF'
-import ast, json, math, os, sys
-
-results, work = sys.argv[1:3]
-
-
-def logs(name):
-    """The training steps' metric dicts the trainer printed (values as numbers)."""
-    lines = open(os.path.join(results, name)).read().splitlines()
-    dicts = [ast.literal_eval(line) for line in lines if line.startswith("{'") and "'loss'" in line]
-    return [{k: float(v) for k, v in d.items()} for d in dicts]
-
-
-train, resumed = logs("e2e_train.log"), logs("e2e_resume.log")
-assert len(train) == 20, f"the run logged {len(train)} training steps, expected 20"
-assert len(resumed) == 10, f"the resumed run logged {len(resumed)} steps, expected 10 (11 to 20)"
-# Every step logs the loss and RPG's metrics; the reward is logged at the steps that generate (1 in 2 here).
-keys = ["loss", "kl", "clip_ratio/dual_mean", "importance_weight/max", "entropy"]
-for name, run in (("run", train), ("resumed run", resumed)):
-    for key in keys + ["reward"]:
-        values = [log[key] for log in run if key in log]
-        expected = len(run) if key != "reward" else len(run) // 2
-        assert len(values) == expected and all(math.isfinite(v) for v in values), (name, key, values)
-checkpoint = os.path.join(work, "e2e", "checkpoint-10")
-assert os.path.isfile(os.path.join(checkpoint, "rpg_generation_state.pt")), os.listdir(checkpoint)
-assert os.path.isfile(os.path.join(work, "e2e_resumed", "model.safetensors"))
-state = json.load(open(os.path.join(work, "e2e_resumed", "checkpoint-20", "trainer_state.json")))
-assert state["global_step"] == 20, state["global_step"]
-summary = {
-    "steps": len(train),
-    "resumed_steps": len(resumed),
-    "metrics": keys,
-    "last_step": {k: train[-1][k] for k in keys},
-    "rewards": [log["reward"] for log in train if "reward" in log],
-    # Exact resume (rpg_trl/reliability/generation_state.py): steps 11-20 of both runs train on the same batches.
-    "loss_steps_11_20": [log["loss"] for log in train[10:]],
-    "loss_steps_11_20_resumed": [log["loss"] for log in resumed],
-    "max_abs_loss_difference_after_resume": max(abs(a["loss"] - b["loss"]) for a, b in zip(train[10:], resumed)),
+    limited "$PY" examples/gpu_stages.py e2e-check "$RESULTS" "$WORK"
+    rm -rf "$WORK/e2e" "$WORK/e2e_resumed"
 }
-json.dump(summary, open(os.path.join(results, "e2e_summary.json"), "w"), indent=2)
-print("e2e ok:", json.dumps(summary))
-EOF
-fi
 
 # ---------------------------------------------------------------------------------------------------------- tests
-if has_stage tests; then
-    echo "== tests: tests/test_gpu.py"
+stage_tests() {
+    local pytest_args=(-q -rs -p no:cacheprovider --junitxml="$RESULTS/pytest_gpu.xml")
     if [[ $DRY_RUN == 1 ]]; then
-        pytest_args=(tests/test_gpu.py)  # RPG_GPU_DRY_RUN=1: unmarked, on CPU with the tiny model
+        pytest_args+=(tests/test_gpu.py)  # RPG_GPU_DRY_RUN=1: unmarked, on CPU with the tiny model
     else
-        pytest_args=(-m gpu tests/test_gpu.py)
+        pytest_args+=(-m gpu tests/test_gpu.py)
     fi
-    "$PY" -m pytest -q -rs -p no:cacheprovider --junitxml="$RESULTS/pytest_gpu.xml" "${pytest_args[@]}" 2>&1 |
-        tee "$RESULTS/pytest_gpu.log"
-    "$PY" - "$RESULTS/pytest_gpu.xml" "$DRY_RUN" <<'EOF'
-import sys
-import xml.etree.ElementTree as ET
-
-root = ET.parse(sys.argv[1]).getroot()
-suite = root if root.tag == "testsuite" else root.find("testsuite")
-counts = {key: int(suite.get(key)) for key in ("tests", "failures", "errors", "skipped")}
-print("pytest:", counts)
-assert counts["tests"] > 0 and counts["failures"] == counts["errors"] == 0, counts
-if sys.argv[2] != "1":  # on the GPU nothing may skip (DeepSpeed included)
-    assert counts["skipped"] == 0, f"{counts['skipped']} GPU tests skipped: see pytest_gpu.log"
-EOF
-fi
+    # A test past its time fails alone (pytest-timeout, in the GPU image, loaded by its entry point), so that the
+    # JUnit XML is still written.
+    if "$PY" -c "import pytest_timeout" 2>/dev/null; then
+        pytest_args+=(--timeout "$([[ $DRY_RUN == 1 ]] && echo 600 || echo 150)")
+    fi
+    limited "$PY" -m pytest "${pytest_args[@]}" 2>&1 | tee "$RESULTS/pytest_gpu.log"
+    "$PY" examples/gpu_stages.py pytest-check "$RESULTS/pytest_gpu.xml" "$DRY_RUN"
+}
 
 # ---------------------------------------------------------------------------------------------------------- bench
+BENCH_LENGTH=""
 bench() {  # bench LENGTH MODE
     local length="$1" mode="$2" name="bench_speed_${2}_${1}"
     local args=(--device "$DEVICE" --completion-length "$length" --repeats "$BENCH_REPEATS"
-        --output-json "$RESULTS/$name.json")
+        --output-json "$RESULTS/$name.json" --model-dir "$WORK/bench-model-$length")
     if [[ $DRY_RUN == 1 ]]; then
         args+=(--hidden-size 64 --num-layers 2 --batch-size 4 --num-generations 2 --steps 2 --warmup 2
-            --loss-batch 8 --loss-length 256 --loss-repeats 2 --loss-warmup 1 --num-threads 1)
+            --loss-batch 8 --loss-length 256 --loss-repeats 2 --loss-warmup 1 --num-threads 1 --timeout 300)
     else
         # ~0.44B parameters: hidden 1024 (16 heads, 8 KV heads, MLP 4096) x 28 layers; bf16, gradient checkpointing.
-        args+=(--hidden-size 1024 --num-layers 28 --batch-size 8 --gradient-checkpointing)
+        args+=(--hidden-size 1024 --num-layers 28 --batch-size 8 --gradient-checkpointing --timeout 150)
     fi
     [[ $mode == lora ]] && args+=(--lora)
     echo "== $name: rpg-trl bench-speed ${args[*]}"
-    "$PY" -m rpg_trl.tools.cli bench-speed "${args[@]}" 2>&1 | tee "$RESULTS/$name.md"
+    limited "$PY" -m rpg_trl.tools.cli bench-speed "${args[@]}" 2>&1 | tee "$RESULTS/$name.md"
 }
-for stage in bench-1k bench-4k; do
-    has_stage "$stage" || continue
-    if [[ $DRY_RUN == 1 ]]; then length=$([[ $stage == bench-1k ]] && echo 16 || echo 64)
-    else length=$([[ $stage == bench-1k ]] && echo 1024 || echo 4096); fi
+stage_bench() {
+    local modes mode
     modes="$BENCH_MODES"
     if [[ $DRY_RUN == 1 && $BENCH_MODES_SET == 0 ]]; then  # each length and each mode once, to keep it short
-        modes=$([[ $stage == bench-1k ]] && echo full || echo lora)
+        modes=$([[ $BENCH_LENGTH == 16 ]] && echo full || echo lora)
     fi
     for mode in ${modes//,/ }; do
-        case "$mode" in full | lora) bench "$length" "$mode" ;; *) echo "gpu_run.sh: unknown mode $mode" >&2; exit 2 ;; esac
+        case "$mode" in full | lora) bench "$BENCH_LENGTH" "$mode" ;; *) echo "gpu_run.sh: unknown mode $mode" >&2; return 2 ;; esac
     done
+    rm -rf "$WORK/bench-model-$BENCH_LENGTH"  # the shared model (1.76 GB at 0.44B)
+}
+
+if has_stage e2e; then run_stage e2e stage_e2e; fi
+if has_stage tests; then run_stage tests stage_tests; fi
+for stage in bench-1k bench-4k; do
+    has_stage "$stage" || continue
+    if [[ $DRY_RUN == 1 ]]; then BENCH_LENGTH=$([[ $stage == bench-1k ]] && echo 16 || echo 64)
+    else BENCH_LENGTH=$([[ $stage == bench-1k ]] && echo 1024 || echo 4096); fi
+    run_stage "$stage" stage_bench
 done
-
-# --------------------------------------------------------------------------------------------------------- report
-# summary.md: the tables of docs/benchmarks.md's GPU section, from whatever this results folder holds.
-"$PY" - "$RESULTS" <<'EOF'
-import glob, json, os, sys
-
-results = sys.argv[1]
-env = json.load(open(os.path.join(results, "env.json")))
-lines = [f"device: {env['device']}, CUDA {env['cuda']}, {env['date_utc']}, commit {env['commit']}",
-         f"versions: {env['versions']}", ""]
-path = os.path.join(results, "e2e_summary.json")
-if os.path.exists(path):
-    e2e = json.load(open(path))
-    lines += [f"e2e: {e2e['steps']} steps + resume of {e2e['resumed_steps']}, last step {e2e['last_step']}, "
-              f"max |loss difference| after resume {e2e['max_abs_loss_difference_after_resume']:.3g}", ""]
-path = os.path.join(results, "pytest_gpu.log")
-if os.path.exists(path):
-    tail = [line for line in open(path).read().splitlines() if line.strip()][-1:]
-    lines += [f"pytest: {tail[0] if tail else '?'}", ""]
-files = sorted(glob.glob(os.path.join(results, "bench_speed_*.json")))
-if files:
-    lines += ["| completion tokens | training | run | step time (s) | tokens/s | peak memory (MiB) |",
-              "|---|---|---|---|---|---|"]
-    ratios = ["", "| completion tokens | training | comparison | step time ratio | peak memory ratio | "
-              "peak memory saved (MiB) |", "|---|---|---|---|---|---|"]
-    for path in files:
-        report = json.load(open(path))
-        s = report["settings"]
-        mode = "LoRA" if s["lora"] else "full"
-        for name, run in report["runs"].items():
-            lines.append(f"| {s['completion_length']} | {mode} | {name} | {run['step_time_s']:.4f} | "
-                         f"{run['tokens_per_s']:.0f} | {run['peak_memory_bytes'] / 2**20:.1f} |")
-        for label, r in report["ratios"].items():
-            ratios.append(f"| {s['completion_length']} | {mode} | {label} | {r['step_time']:.3f} | "
-                          f"{r['peak_memory']:.3f} | {r['peak_memory_saved_bytes'] / 2**20:.1f} |")
-    lines += ratios
-open(os.path.join(results, "summary.md"), "w").write("\n".join(lines) + "\n")
-print("\n".join(lines))
-EOF
-
-if [[ -n "$ARCHIVE" ]]; then
-    mkdir -p "$(dirname "$ARCHIVE")"
-    tar czf "$ARCHIVE" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")"
-    echo "Archived the results into $ARCHIVE"
-fi
-echo "Results: $RESULTS (summary.md, env.json, logs, JSON)"

@@ -1,13 +1,18 @@
 """CI's proof that the GPU suite still imports and runs: a few of `tests/test_gpu.py`'s tests in its CPU dry run
 (`RPG_GPU_DRY_RUN=1`: the tiny Qwen3 of `rpg_trl.tools.toy` instead of the 0.5B model, same test functions), through pytest
-in a subprocess. The whole dry run is `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` (about 3 minutes on
-2 CPU cores); on a GPU, `python -m pytest -q -m gpu tests/test_gpu.py` (see docs/benchmarks.md)."""
+in a subprocess. The whole dry run is `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` (11 tests, 25-45 s on
+2 CPU cores); on a GPU, `python -m pytest -q -m gpu tests/test_gpu.py` (see docs/benchmarks.md). Also the pure steps of
+`examples/gpu_run.sh`: which carried wheels it installs (examples/gpu_wheels.py) and its checks and summary
+(examples/gpu_stages.py)."""
 
+import json
 import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
+
+import pytest
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,3 +38,105 @@ def test_gpu_suite_dry_run_on_cpu(tmp_path):
         "test_bf16_every_variant_finite_with_gradient_checkpointing[urkl-reinforce]",
         "test_lora_one_gpu_with_ref_adapter_sync",
     ]
+
+
+def _load_example(name):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _fake_wheel(folder: Path, name: str, version: str, *requires: str) -> Path:
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Requires-Dist: {r}" for r in requires] + ['Requires-Dist: pyarrow>=99; extra == "never"']
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{name}-{version}.dist-info/METADATA", "\n".join(lines) + "\n")
+    return path
+
+
+def test_carried_datasets_is_chosen_by_the_installed_pyarrow(tmp_path):
+    """examples/gpu_run.sh installs the carried datasets whose pyarrow requirement the GPU image's pyarrow meets: the
+    version CI tests, else the newest fallback tier (with the packages it pins), else it stops naming the versions."""
+    gpu_wheels = _load_example("gpu_wheels")
+    trl = _fake_wheel(tmp_path, "trl", "1.16.0", "datasets>=4.7.0")
+    main = [trl, _fake_wheel(tmp_path, "datasets", "5.2.0", "pyarrow>=24.0.0", "fsspec<=2026.9.0")]
+    main.append(_fake_wheel(tmp_path, "fsspec", "2026.9.0"))
+    tier21 = [_fake_wheel(tmp_path / "fallback" / "pyarrow21", "datasets", "5.0.1", "pyarrow>=21.0.0")]
+    tier21.append(_fake_wheel(tmp_path / "fallback" / "pyarrow21", "fsspec", "2026.6.0"))
+    tier15 = [_fake_wheel(tmp_path / "fallback" / "pyarrow15", "datasets", "4.0.0", "pyarrow>=15.0.0")]
+    assert gpu_wheels.choose(tmp_path, "26.0.1") == sorted(main)
+    assert gpu_wheels.choose(tmp_path, "24.0.0") == sorted(main)
+    assert gpu_wheels.choose(tmp_path, "23.0.1") == sorted([trl] + tier21)
+    assert gpu_wheels.choose(tmp_path, "18.1.0") == sorted([trl, main[2]] + tier15)
+    with pytest.raises(SystemExit, match=r"pyarrow 14.0.2 is installed here, and no carried datasets accepts it"):
+        gpu_wheels.choose(tmp_path, "14.0.2")
+
+
+def test_carried_pins_fail_rather_than_fall_back_to_a_bare_name():
+    gpu_wheels = _load_example("gpu_wheels")
+    assert gpu_wheels.pins(["pytest"]) == [f"pytest=={pytest.__version__}"]
+    with pytest.raises(SystemExit, match=r"\['no-such-package-rpg'\] not installed"):
+        gpu_wheels.pins(["pytest", "no-such-package-rpg"])
+
+
+def _step_log(step, **extra):
+    log = {"loss": 0.01 * step, "kl": 1e-3, "clip_ratio/dual_mean": 0.0, "importance_weight/max": 1.1, "entropy": 4.6}
+    return repr({**log, **extra, "epoch": 0.1 * step})
+
+
+def test_e2e_check_reads_both_runs_and_measures_the_resume(tmp_path):
+    """The e2e stage's check: 20 logged steps and 10 resumed, every RPG metric finite, the reward every other step,
+    the loss difference after the resume, and what the checkpoints take on disk."""
+    gpu_stages = _load_example("gpu_stages")
+    results, work = tmp_path / "results", tmp_path / "work"
+    results.mkdir()
+    steps = [_step_log(i, **({"reward": 0.5} if i % 2 else {})) for i in range(1, 21)]
+    (results / "e2e_train.log").write_text("noise\n" + "\n".join(steps) + "\n{'train_runtime': 1.0}\n")
+    (results / "e2e_resume.log").write_text("\n".join(steps[10:]) + "\n")
+    (work / "e2e" / "checkpoint-10").mkdir(parents=True)
+    (work / "e2e" / "checkpoint-10" / "rpg_generation_state.pt").write_bytes(b"x" * 10)
+    (work / "e2e_resumed" / "checkpoint-20").mkdir(parents=True)
+    (work / "e2e_resumed" / "model.safetensors").write_bytes(b"x" * 100)
+    (work / "e2e_resumed" / "checkpoint-20" / "trainer_state.json").write_text('{"global_step": 20}')
+    summary = gpu_stages.e2e_check(str(results), str(work))
+    assert (summary["steps"], summary["resumed_steps"], summary["max_abs_loss_difference_after_resume"]) == (20, 10, 0)
+    assert summary["rewards"] == [0.5] * 10 and summary["checkpoint_bytes"] == 10 + 100 + 19
+    (results / "e2e_resume.log").write_text("\n".join(steps[10:-1] + [steps[-1].replace("'kl': 0.001", "'kl': nan")]))
+    with pytest.raises(AssertionError, match="kl"):
+        gpu_stages.e2e_check(str(results), str(work))
+
+
+def test_summary_and_pytest_check_from_a_results_folder(tmp_path):
+    """summary.md from whatever a (cut short) results folder holds; a skipped GPU test fails the tests stage."""
+    gpu_stages = _load_example("gpu_stages")
+    (tmp_path / "stages.tsv").write_text("setup\t0\t20\t45\ne2e\t124\t135\t135\n")
+    run = {"step_time_s": 0.25, "tokens_per_s": 32768.0, "peak_memory_bytes": 2**30}
+    report = {
+        "settings": {"completion_length": 1024, "lora": True, "loss_batch": 64, "loss_length": 4096},
+        "runs": {"grpo-ref": run, "rpg-sampling": run},
+        "ratios": {
+            "(a) RPG sampling anchor vs GRPO beta>0": {
+                "step_time": 0.8,
+                "peak_memory": 0.9,
+                "peak_memory_saved_bytes": 2**20,
+            }
+        },
+        "loss_only": {"rpg_loss_s": 0.004, "grpo_loss_s": 0.005, "ratio": 0.8},
+    }
+    (tmp_path / "bench_speed_lora_1024.json").write_text(json.dumps(report))
+    text = gpu_stages.summary(str(tmp_path))
+    assert "| e2e | 124 | 135 | 135 |" in text and "| 1024 | LoRA | grpo-ref | 0.2500 | 32768 | 1024.0 |" in text
+    assert "| 1024 | LoRA | (a) RPG sampling anchor vs GRPO beta>0 | 0.800 | 0.900 | 1.0 |" in text
+    assert "(c) loss alone (1024 tokens, LoRA), B=64, T=4096: RPG 4.00 ms, GRPO 5.00 ms, ratio 0.800" in text
+    xml = tmp_path / "pytest.xml"
+    xml.write_text('<testsuites><testsuite tests="3" failures="0" errors="0" skipped="1"/></testsuites>')
+    assert gpu_stages.pytest_check(str(xml), dry_run=True)["skipped"] == 1
+    with pytest.raises(AssertionError, match="1 GPU tests skipped"):
+        gpu_stages.pytest_check(str(xml), dry_run=False)

@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,27 +49,26 @@ def _peak_memory_bytes(device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
-def _worker(opts) -> dict:
-    """Train one scenario for `opts.steps` optimizer steps on fixed rollouts; return timings and memory."""
-    import torch
-    from datasets import Dataset
-    from transformers import TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
-
-    from rpg_trl import RPGConfig, RPGTrainer
+def shared_model(opts, path) -> str:
+    """The benchmark's Qwen3 (hidden `opts.hidden_size` x `opts.num_layers`) saved at `path`: built there when `path`
+    holds no model, else checked against the options and reused (one model for all the workers of a command)."""
     from rpg_trl.tools.toy.models import build_char_tokenizer, save_tiny_model
-    from rpg_trl.tools.toy.rollouts import make_fixed_rollout
-    from rpg_trl.tools.toy.training import activation_checkpointing
 
-    if opts.num_threads:
-        torch.set_num_threads(opts.num_threads)
-    kind, overrides = SCENARIOS[opts.scenario]
-    use_cuda = opts.device == "cuda"
-    workdir = Path(tempfile.mkdtemp(prefix="rpg-bench-"))
-    tokenizer = build_char_tokenizer()
-    model_dir = save_tiny_model(
-        workdir / "model",
-        tokenizer,
+    path = Path(path)
+    config_file = path / "config.json"
+    if config_file.exists():
+        config = json.loads(config_file.read_text())
+        found = (config["hidden_size"], config["num_hidden_layers"], config["max_position_embeddings"])
+        if found[:2] != (opts.hidden_size, opts.num_layers) or found[2] < opts.completion_length + 64:
+            raise ValueError(
+                f"--model-dir {path} holds a model of hidden {found[0]} x {found[1]} layers and "
+                f"{found[2]} positions; this benchmark needs hidden {opts.hidden_size} x {opts.num_layers} layers and "
+                f"at least {opts.completion_length + 64} positions: give an empty or new folder"
+            )
+        return str(path)
+    return save_tiny_model(
+        path,
+        build_char_tokenizer(),
         hidden_size=opts.hidden_size,
         num_hidden_layers=opts.num_layers,
         num_attention_heads=max(opts.hidden_size // 64, 2),
@@ -76,6 +76,35 @@ def _worker(opts) -> dict:
         intermediate_size=4 * opts.hidden_size,
         max_position_embeddings=opts.completion_length + 64,
     )
+
+
+def _worker(opts) -> dict:
+    """Train one scenario for `opts.steps` optimizer steps on fixed rollouts; return timings and memory. Its
+    temporary folder (the model, unless `--model-dir` gives one, and the output folder) is removed at the end."""
+    workdir = Path(tempfile.mkdtemp(prefix="rpg-bench-"))
+    try:
+        return _train_scenario(opts, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _train_scenario(opts, workdir: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rpg_trl import RPGConfig, RPGTrainer
+    from rpg_trl.tools.toy.models import build_char_tokenizer
+    from rpg_trl.tools.toy.rollouts import make_fixed_rollout
+    from rpg_trl.tools.toy.training import activation_checkpointing
+
+    if opts.num_threads:
+        torch.set_num_threads(opts.num_threads)
+    kind, overrides = SCENARIOS[opts.scenario]
+    use_cuda = opts.device == "cuda"
+    tokenizer = build_char_tokenizer()
+    model_dir = shared_model(opts, opts.model_dir or workdir / "model")
     dataset = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
 
     def reward(completions, **kwargs):
@@ -161,11 +190,8 @@ def _worker(opts) -> dict:
 def _loss_only(opts) -> dict:
     """Time `_compute_loss` (forward + backward of the loss only) of both trainers on (B, T) random log-probs."""
     import torch
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
 
-    from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.tools.toy.models import build_char_tokenizer, save_tiny_model
+    from rpg_trl.tools.toy.models import build_char_tokenizer
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
@@ -186,10 +212,25 @@ def _loss_only(opts) -> dict:
     logps_value = old + 0.1 * torch.randn(B, T, generator=g).to(device)
     entropies = torch.rand(B, T, generator=g).to(device)
     tokenizer = build_char_tokenizer()
-    model_dir = save_tiny_model(tempfile.mkdtemp(prefix="rpg-bench-model-"), tokenizer)
+    workdir = Path(tempfile.mkdtemp(prefix="rpg-bench-loss-"))
+    try:
+        return _time_losses(opts, device, inputs, logps_value, entropies, tokenizer, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _time_losses(opts, device, inputs, logps_value, entropies, tokenizer, workdir: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rpg_trl import RPGConfig, RPGTrainer
+    from rpg_trl.tools.toy.models import save_tiny_model
+
+    model_dir = save_tiny_model(workdir / "model", tokenizer)
     dataset = Dataset.from_dict({"prompt": ["1+1="] * 4})
     common = dict(
-        output_dir=tempfile.mkdtemp(prefix="rpg-bench-loss-"),
+        output_dir=str(workdir / "out"),
         per_device_train_batch_size=4,
         num_generations=4,
         beta=1e-4,
@@ -237,8 +278,9 @@ def _loss_only(opts) -> dict:
     return {"grpo_loss_s": results["grpo"], "rpg_loss_s": results["rpg"], "ratio": results["rpg"] / results["grpo"]}
 
 
-def _run_scenario(opts, scenario: str) -> dict:
+def _run_scenario(opts, scenario: str, model_dir: str) -> dict:
     cmd = [sys.executable, "-m", "rpg_trl.tools.cli.bench_speed", "--_worker", scenario] + _forwarded_flags(opts)
+    cmd.append(f"--model-dir={model_dir}")
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
     if out.returncode != 0:
         raise RuntimeError(f"bench-speed worker for {scenario!r} failed:\n{out.stderr[-4000:]}")
@@ -303,8 +345,15 @@ def run(opts) -> dict:
     opts.steps, opts.warmup = -(-opts.steps // spg) * spg, -(-opts.warmup // spg) * spg
     runs: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
     order = [name for _ in range(opts.repeats) for name in SCENARIOS]  # interleaved, so drift hits all alike
-    for name in tqdm(order, desc="bench-speed", unit="run"):
-        runs[name].append(_run_scenario(opts, name))
+    # One saved model for every worker (each used to build and save its own: 1.76 GB at hidden 1024 x 28 layers).
+    scratch = None if opts.model_dir else tempfile.mkdtemp(prefix="rpg-bench-model-")
+    try:
+        model_dir = shared_model(opts, opts.model_dir or Path(scratch) / "model")
+        for name in tqdm(order, desc="bench-speed", unit="run"):
+            runs[name].append(_run_scenario(opts, name, model_dir))
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     summary = {}
     for name, results in runs.items():
         summary[name] = {
@@ -380,6 +429,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-threads", type=int, default=None, help="torch CPU threads per process (default: torch's own choice)"
     )
     parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed to each worker process")
+    parser.add_argument(
+        "--model-dir",
+        default=None,
+        help="the saved model every worker loads: built there if the folder holds none, else checked and reused, and "
+        "kept (several commands can share it); default: one temporary folder for the command, removed at its end",
+    )
     parser.add_argument("--output-json", default=None, help="also write the results as JSON here")
 
 

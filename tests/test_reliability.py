@@ -37,6 +37,7 @@ from rpg_trl.reliability.checkpoints import (
 )
 from rpg_trl.reliability.generation_state import load_generation_state, save_generation_state
 
+from helpers import failure_two_proc
 from helpers.ports import free_port
 from helpers.tiny_runs import rpg_warnings
 
@@ -367,39 +368,15 @@ print("done")
 
 
 # ==================================================================================================== process_failure
-FAILURE_WORKER = ROOT / "tests" / "helpers" / "failure_two_proc.py"
-
-
-def _torchrun_failure_worker(mode, timeout=120):
-    """`tests/helpers/failure_two_proc.py MODE` in 2 gloo processes under `torch.distributed.run`; returns (exit code,
-    output, seconds)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(free_port()), str(FAILURE_WORKER), mode]
-    started = time.monotonic()
-    proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)  # fmt: skip
-    return proc.returncode, proc.stdout, time.monotonic() - started
-
-
-def _root_cause(output):
-    """torchrun's summary of the first observed failure: (rank, exit code)."""
-    found = re.search(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
-                      output, re.S)  # fmt: skip
-    assert found, output[-3000:]
-    return int(found.group(1)), int(found.group(2))
-
-
 def test_the_main_process_reports_a_vllm_server_failure_and_cleans_up_and_the_other_stops_after_it():
     """2 processes under `torch.distributed.run`: the stand-in server fails in the middle of a request of the main
     process while process 1 waits for its answer in a broadcast. The main process raises its own `VLLMServerError`
     (its traceback), runs its `finally` and its `atexit` handlers, and torchrun names it as the root cause (exit 1);
     process 1 logs the same error once as its own and stops after the main process, without an error of its own
     (its broadcast fails when the main process destroys the group: held, not printed)."""
-    returncode, output, seconds = _torchrun_failure_worker("report")
+    returncode, output, seconds = failure_two_proc.launch("report")
     assert returncode != 0
-    assert _root_cause(output) == (0, 1), output[-3000:]
+    assert failure_two_proc.root_cause(output) == (0, 1), output[-3000:]
     cause = "stopped answering (ConnectionError: test: the server died mid-request) at training step 2"
     assert re.search(rf"\[rank0\]: rpg_trl\.reliability\.vllm_server\.VLLMServerError: The vLLM server at \S+ {re.escape(cause)}",
                      output), output[-4000:]  # fmt: skip
@@ -414,8 +391,8 @@ def test_a_weight_sync_past_its_deadline_stops_every_process_naming_it():
     """The main process's weight sync hangs (its server died in the middle of the transfer): 1 s past the deadline the
     main process names it and exits (status 1, the root cause), and process 1, waiting in the sync's barrier, names it
     too and stops."""
-    returncode, output, seconds = _torchrun_failure_worker("deadline")
-    assert returncode != 0 and _root_cause(output) == (0, 1), output[-3000:]
+    returncode, output, seconds = failure_two_proc.launch("deadline")
+    assert returncode != 0 and failure_two_proc.root_cause(output) == (0, 1), output[-3000:]
     message = "did not finish within 1 s (test)."
     assert re.search(
         rf"^VLLMServerError: The weight sync to the vLLM server at \S+ {re.escape(message)}", output, re.M
@@ -438,7 +415,7 @@ def test_a_finished_two_process_run_with_a_watcher_exits_0_every_time():
     `atexit` handler, before the process group and the interpreter go away."""
     for launch in range(EXIT_LAUNCHES):
         mode = "exit" if launch % 2 == 0 else "exit-atexit"
-        returncode, output, _ = _torchrun_failure_worker(mode)
+        returncode, output, _ = failure_two_proc.launch(mode)
         assert returncode == 0 and "terminate called" not in output, (launch, mode, output[-3000:])
         assert "process 1 watching: True" in output and "process 1 done" in output
 

@@ -17,7 +17,7 @@ import contextlib
 
 from transformers.utils import logging
 
-from .process_failure import FailureWatcher, failure_key, tell_other_processes
+from .process_failure import FailureWatcher, deadline, failure_key, tell_other_processes
 
 
 logger = logging.get_logger(__name__)
@@ -149,6 +149,39 @@ def probe_server(trainer, url: str) -> None:
         requests.get(f"{url}/health", timeout=HEALTH_TIMEOUT).raise_for_status()
     except requests.RequestException as exc:
         raise VLLMServerError(_unreachable_message(trainer, url, exc)) from exc
+
+
+class ProbeWhileWaiting:
+    """A rollout worker's health check (`check_health(stale_after_s)`, which TRL's asynchronous trainer runs every few
+    seconds while it waits on an empty rollout queue), followed by a probe of the vLLM server at `url`: a dead server is
+    named at once ([`VLLMServerError`]) instead of after the worker has exhausted its retries. The main process alone
+    waits on the queue (the others wait for its batch in a collective): a failure of either check is posted for them
+    ([`tell_other_processes`]) before it is raised, so every process stops naming it."""
+
+    def __init__(self, check_health, trainer, url: str):
+        self.check_health, self.trainer, self.url = check_health, trainer, url
+
+    def __call__(self, stale_after_s: float) -> None:
+        try:
+            self.check_health(stale_after_s)
+            probe_server(self.trainer, self.url)
+        except Exception as exc:
+            message = str(exc) if isinstance(exc, VLLMServerError) else f"{type(exc).__name__}: {exc}"
+            tell_other_processes(self.trainer, message)
+            raise
+
+
+def weight_sync_deadline(trainer, url: str, seconds: float):
+    """Around a weight sync of the main process to the vLLM server at `url` (TRL's transfer can hang rather than raise
+    when the server dies in the middle of it, and its requests carry no timeout): past `seconds`, the sync is named as
+    a [`VLLMServerError`] on every process and the run ends ([`~rpg_trl.reliability.process_failure.deadline`])."""
+    message = (
+        f"The weight sync to the vLLM server at {url} did not finish within {seconds:g} s (`weight_sync_timeout`) at "
+        f"training step {trainer.state.global_step}: the server may have died in the middle of the transfer. "
+        f"Checkpoints already saved in {trainer.args.output_dir} are complete; restart the server and continue with "
+        "`resume_from_checkpoint`."
+    )
+    return deadline(trainer, seconds, message, VLLMServerError.__name__)
 
 
 @contextlib.contextmanager

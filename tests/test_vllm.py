@@ -940,8 +940,18 @@ def test_async_rpg_two_processes_against_one_vllm_server_and_resume(vllm_server,
     - TRL's `sample/staleness_max` stays within `max_staleness`, RPG's `staleness/max` within `max_staleness` + 1 (the
       data loader prefetches one micro-batch), and some batches did lag;
     - resumed from checkpoint-2 in a new launch, the first push is checkpoint-2's weights, the versions go on from the
-      checkpoint's, and steps 3-4 train on samples of the versions pushed since, as above."""
+      checkpoint's, and steps 3-4 train on samples of the versions pushed since, as above;
+    - FSDP2 sharded the policy on both processes (as in the synchronous FSDP2 test): every parameter a DTensor sharded
+      on dim 0, part of the model on each process, all of it together."""
+    from test_launch_configs import Run, _processes, _sharded
+
     run = launch_async_rpg(tmp_path, "run", vllm_model, vllm_server, "--max-steps", "4", "--save-steps", "2")
+    reports = _processes(Run(run.dir, run.output), "FSDP")
+    full_numel = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(vllm_model).parameters())
+    for report in reports:
+        layout = report["policy"]
+        assert layout["dtensors"] == layout["parameters"] > 0 and layout["placements"] == ["(Shard(dim=0),)"], layout
+    _sharded(reports, "policy", full_numel)
     assert [entry["step"] for entry in run.history] == [1, 2, 3, 4]
     assert all(math.isfinite(entry["loss"]) for entry in run.history)
     assert len(run.sent) == 5  # the cold push, then one after each step

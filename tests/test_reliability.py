@@ -142,12 +142,13 @@ def test_without_a_record_what_transformers_writes_is_checked_and_the_resuming_r
     (three, one) = [m for m in rpg_warnings(caplog) if m.startswith("Resuming from")]
     assert f"{two_ranks} with 3 process(es), but it has no rng_state_2.pth" in three and "fresh random state" in three
     assert "with 1 process(es), but it has no rng_state.pth" in one
-    committed = _folder(tmp_path / "c", 5, ["rng_state.pth"], {"complete": True, "world_size": 1, "files": {}})
+    record = {"complete": True, "world_size": 1, "files": {"rng_state.pth": 1}}
+    committed = _folder(tmp_path / "c", 5, ["rng_state.pth"], record)
     caplog.clear()
     with caplog.at_level(logging.WARNING):
         resolve_resume_checkpoint(committed, "x", world_size=2)
-    (warning,) = rpg_warnings(caplog)
-    assert "no rng_state_0.pth, rng_state_1.pth (it was written by 1 process(es))" in warning
+    (warning,) = rpg_warnings(caplog)  # with a record: the process count it names
+    assert f"Resuming from {committed} with 2 process(es), but it was written by 1: " in warning
 
 
 def _saver(tmp_path, **args):
@@ -195,6 +196,68 @@ def test_a_save_over_a_folder_left_at_its_step_starts_clean(tmp_path, caplog):
     caplog.clear()
     begin_checkpoint(trainer, str(tmp_path / "checkpoint-6"))
     assert os.listdir(tmp_path / "checkpoint-6") == [COMMIT_RECORD] and not rpg_warnings(caplog)
+
+
+def _save(root, step, world_size, names):
+    """A committed checkpoint-{step} saved by `world_size` processes with the files `names`."""
+    trainer = _saver(root, world_size=world_size)
+    trainer.state.global_step = step
+    checkpoint = str(root / f"checkpoint-{step}")
+    begin_checkpoint(trainer, checkpoint)
+    for name in names:
+        (root / f"checkpoint-{step}" / name).write_text(f"step {step}")
+    commit_checkpoint(trainer, checkpoint)
+    return checkpoint
+
+
+def _upload(folder, repo_folder):
+    """The Hub's `upload_folder` into `repo_folder` (`last-checkpoint`), as it treats files: adds and replaces, never
+    deletes."""
+    shutil.copytree(folder, repo_folder, dirs_exist_ok=True)
+
+
+def test_a_resume_refuses_stale_files_outside_the_commit_and_names_another_process_count(tmp_path, caplog):
+    """`last-checkpoint` on the Hub after a 2-process save (step 2) and then a 1-process one (step 4), each pushed with
+    its record: the upload left step 2's `rng_state_0.pth` and `rng_state_1.pth` beside step 4's files. The record
+    lists every file of the save (RNG files included) and the number of processes. A resume from it is refused, naming
+    the stale files (a 2-process resume would load them as its RNG state); once they are deleted it resumes, and a
+    README added to the folder is named in a warning only. A resume of the 2-process checkpoint with 1 process warns
+    that it is not an exact continuation, naming both process counts."""
+    common = ["model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"]
+    runs, hub = tmp_path / "runs", tmp_path / "hub" / "last-checkpoint"
+    runs.mkdir()
+    two = _save(runs, 2, 2, [*common, "rng_state_0.pth", "rng_state_1.pth"])
+    _upload(two, hub)
+    one = _save(runs, 4, 1, [*common, "rng_state.pth"])
+    _upload(one, hub)
+    record = json.loads((hub / COMMIT_RECORD).read_text())
+    assert (record["world_size"], record["step"]) == (1, 4)
+    assert sorted(record["files"]) == sorted([*common, "rng_state.pth"])
+    assert record["files"]["rng_state.pth"] == len("step 4")
+    assert sorted(os.listdir(hub)) == sorted([*common, COMMIT_RECORD, "rng_state.pth", "rng_state_0.pth",
+                                              "rng_state_1.pth"])  # fmt: skip
+    assert checkpoint_problems(str(hub)) == []  # complete: every file it lists is there, as committed
+    for world_size in (1, 2):
+        with pytest.raises(ValueError, match=r"it holds rng_state_0\.pth, rng_state_1\.pth, which its commit"):
+            resolve_resume_checkpoint(str(hub), str(tmp_path), world_size=world_size)
+    (hub / "rng_state_0.pth").unlink()
+    (hub / "rng_state_1.pth").unlink()
+    (hub / "README.md").write_text("notes")
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume_checkpoint(str(hub), str(tmp_path), world_size=1) == str(hub)
+    assert rpg_warnings(caplog) == [
+        f"{hub} holds files that its commit does not list (README.md): not part of the checkpoint; no resume reads them."
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume_checkpoint(two, str(runs), world_size=1) == two
+    (warning,) = rpg_warnings(caplog)
+    assert warning.startswith(f"Resuming from {two} with 1 process(es), but it was written by 2: ")
+    assert warning.endswith("Resume with 2 process(es) for an exact one.")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume_checkpoint(two, str(runs), world_size=2) == two
+    assert rpg_warnings(caplog) == []
 
 
 def _only(root, folder):

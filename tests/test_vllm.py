@@ -1058,7 +1058,7 @@ def test_a_server_killed_mid_request_stops_every_process_naming_it(vllm_server, 
     assert "process 0: the script's finally ran" in output and "process 0: atexit ran" in output, output[-6000:]
     assert failure_two_proc.root_cause(output) == (0, 1), output[-6000:]
     assert output.count(f"VLLMServerError on process 1: {cause}") == 1, output[-6000:]
-    assert "[rank1]:" not in output, output[-6000:]  # no error of process 1's own
+    assert "[rank1]: Traceback" not in output, output[-6000:]  # no error of process 1's own
     assert "at training step 2" in output and "resume_from_checkpoint" in output
     assert elapsed < 20.0, elapsed
     assert is_complete(str(run / "checkpoint-2")) and not (run / "checkpoint-4").exists()

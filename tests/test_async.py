@@ -409,6 +409,7 @@ def test_waiting_on_an_empty_rollout_queue_names_a_dead_vllm_server(tmp_path):
         ProbeWhileWaiting(crashed, trainer, dead)(300.0)
 
 
+@pytest.mark.slow
 def test_every_process_stops_naming_a_dead_vllm_server_found_while_the_rollout_queue_is_dry():
     """2 processes under `torch.distributed.run`: the main process waits on an empty rollout queue and its health check
     finds the (stand-in) vLLM server gone, while process 1 waits for the main process's batch in a broadcast (as

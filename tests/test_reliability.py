@@ -431,6 +431,7 @@ print("done")
 
 
 # ==================================================================================================== process_failure
+@pytest.mark.slow
 def test_the_main_process_reports_a_vllm_server_failure_and_cleans_up_and_the_other_stops_after_it():
     """2 processes under `torch.distributed.run`: the stand-in server fails in the middle of a request of the main
     process while process 1 waits for its answer in a broadcast. The main process raises its own `VLLMServerError`
@@ -450,6 +451,7 @@ def test_the_main_process_reports_a_vllm_server_failure_and_cleans_up_and_the_ot
     assert seconds < 60, seconds
 
 
+@pytest.mark.slow
 def test_a_weight_sync_past_its_deadline_stops_every_process_naming_it():
     """The main process's weight sync hangs (its server died in the middle of the transfer): 1 s past the deadline the
     main process names it and exits (status 1, the root cause), and process 1, waiting in the sync's barrier, names it
@@ -471,6 +473,7 @@ def test_a_weight_sync_past_its_deadline_stops_every_process_naming_it():
 EXIT_LAUNCHES = 8
 
 
+@pytest.mark.slow
 def test_a_finished_two_process_run_with_a_watcher_exits_0_every_time():
     """A short 2-process run with a (stand-in) vLLM server and process 1's failure watcher polling the store without
     pause, launched EXIT_LAUNCHES times: every launch exits 0 (no "terminate called without an active exception"):

@@ -397,15 +397,18 @@ def test_waiting_on_an_empty_rollout_queue_names_a_dead_vllm_server(tmp_path):
     import threading
     from types import SimpleNamespace
 
-    from rpg_trl.async_rpg.trainer import _WithServerProbe
     from rpg_trl.reliability import VLLMServerError
+    from rpg_trl.reliability.vllm_server import ProbeWhileWaiting
 
     from helpers.ports import free_port
 
     calls = []
-    trainer = SimpleNamespace(state=SimpleNamespace(global_step=7), args=SimpleNamespace(output_dir=str(tmp_path)))
+    accelerator = SimpleNamespace(num_processes=1, is_main_process=True)
+    trainer = SimpleNamespace(
+        accelerator=accelerator, state=SimpleNamespace(global_step=7), args=SimpleNamespace(output_dir=str(tmp_path))
+    )
     dead = f"http://127.0.0.1:{free_port()}"
-    check = _WithServerProbe(lambda stale_after_s: calls.append(stale_after_s), trainer, dead)
+    check = ProbeWhileWaiting(lambda stale_after_s: calls.append(stale_after_s), trainer, dead)
     with pytest.raises(VLLMServerError, match=rf"{re.escape(dead)} stopped answering .* at training step 7"):
         check(300.0)
     assert calls == [300.0]  # TRL's own check (worker crashed or hung) still runs, first
@@ -421,7 +424,7 @@ def test_waiting_on_an_empty_rollout_queue_names_a_dead_vllm_server(tmp_path):
     server = http.server.HTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        _WithServerProbe(calls.append, trainer, f"http://127.0.0.1:{server.server_port}")(60.0)  # answers: no error
+        ProbeWhileWaiting(calls.append, trainer, f"http://127.0.0.1:{server.server_port}")(60.0)  # answers: no error
     finally:
         server.shutdown()
     assert calls == [300.0, 60.0]
@@ -430,4 +433,22 @@ def test_waiting_on_an_empty_rollout_queue_names_a_dead_vllm_server(tmp_path):
         raise RuntimeError("Rollout worker child has failed")
 
     with pytest.raises(RuntimeError, match="child has failed"):  # the worker's failure is not hidden by the probe
-        _WithServerProbe(crashed, trainer, dead)(300.0)
+        ProbeWhileWaiting(crashed, trainer, dead)(300.0)
+
+
+@pytest.mark.slow
+def test_every_process_stops_naming_a_dead_vllm_server_found_while_the_rollout_queue_is_dry():
+    """2 processes under `torch.distributed.run`: the main process waits on an empty rollout queue and its health check
+    finds the (stand-in) vLLM server gone, while process 1 waits for the main process's batch in a broadcast (as
+    accelerate's dispatching data loader does). The main process raises `VLLMServerError` naming the server (the root
+    cause, exit 1), and process 1 logs the same error as its own and stops after it, instead of waiting."""
+    from helpers import failure_two_proc
+
+    returncode, output, seconds = failure_two_proc.launch("queue-dry")
+    assert returncode != 0 and failure_two_proc.root_cause(output) == (0, 1), output[-3000:]
+    cause = "stopped answering (ConnectionError: "
+    assert re.search(rf"\[rank0\]: rpg_trl\.reliability\.vllm_server\.VLLMServerError: The vLLM server at \S+ {re.escape(cause)}",
+                     output), output[-4000:]  # fmt: skip
+    assert re.search(rf"^VLLMServerError on process 1: The vLLM server at \S+ {re.escape(cause)}", output, re.M)
+    assert "got a batch" not in output and "the probe passed" not in output
+    assert seconds < 60, seconds

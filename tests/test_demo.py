@@ -8,6 +8,7 @@ import random
 import pytest
 import torch
 
+from rpg_trl import RPGConfig
 from rpg_trl.tools.cli import main
 from rpg_trl.tools.cli.demo import DemoArguments
 from rpg_trl.tools.toy import addition, evaluation
@@ -118,6 +119,9 @@ def test_demo_end_to_end_smoke(tmp_path):
     assert summary["seconds"] > 0
     assert summary["config"]["rl"]["max_steps"] == 4
     assert summary["config"]["rl"]["divergence"] == "urkl"
+    # Every setting of RPG's that shapes the result, e.g. the KL weight outside the trust region and the KL level.
+    assert summary["config"]["rl"]["kl_clip_mode"] == RPGConfig.__dataclass_fields__["kl_clip_mode"].default
+    assert summary["config"]["rl"]["kl_level"] == "token" and "kl_importance_weight" in summary["config"]["rl"]
     assert summary["config"]["demo"]["output_dir"] == str(output_dir)
     assert [point["step"] for point in summary["accuracy_curve"]] == [0, 2, 4]
     assert summary["accuracy_curve"][0]["accuracy"] == summary["accuracy_before"]

@@ -1,6 +1,10 @@
 """The README and docs/ point at things that exist: test names, files and links (they are renamed often)."""
 
+import os
 import re
+import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -41,3 +45,47 @@ def test_the_readme_opens_with_the_two_set_up_commands():
 def test_no_document_cites_files_outside_the_repository():
     for path in [*DOCS, *(ROOT / "rpg_trl").rglob("*.py"), *(ROOT / "examples").glob("*.py")]:
         assert "RPG_SPEC" not in path.read_text(), f"{path.relative_to(ROOT)} cites a file outside the repository"
+
+
+def test_ci_stops_its_background_jobs_and_names_the_first_failure(tmp_path):
+    """`.ci/run` in a copy of the repository's `.ci/` with stand-ins: `pip` succeeds, `python` fails under
+    `ATEN_CPU_CAPABILITY` (the second test run), and the background jobs (`.ci/vllm install`, `.ci/wheel`) sleep
+    and record their process ids, a child of theirs too. The run fails at once, names the failing step on its last
+    line, and leaves no background process running."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    for name in ("vllm", "wheel"):
+        (tmp_path / ".ci" / name).write_text(f"sleep 300 &\necho $$ $! > {tmp_path}/{name}.pids\nwait\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pip").write_text("#!/bin/sh\nexit 0\n")
+    started = f"[ -f {tmp_path}/vllm.pids ] && [ -f {tmp_path}/wheel.pids ]"  # both background jobs are running
+    (bin_dir / "python").write_text(
+        f'#!/bin/sh\n[ -z "$ATEN_CPU_CAPABILITY" ] && exit 0\nuntil {started}; do sleep 0.1; done\nexit 3\n'
+    )
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    started = time.monotonic()
+    proc = subprocess.run(["bash", ".ci/run"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .startswith("== FAILED: numerics-sensitive tests under ATEN_CPU_CAPABILITY=default (exit status 3")
+    ), proc.stderr
+    assert time.monotonic() - started < 30
+    for name in ("vllm", "wheel"):
+        pids = [int(pid) for pid in (tmp_path / f"{name}.pids").read_text().split()]
+        assert len(pids) == 2  # the job's shell and its sleep
+        for pid in pids:  # gone, or a zombie, within a second (a signalled process takes a moment to end)
+            stat = Path(f"/proc/{pid}/stat")
+            for _ in range(50):
+                try:
+                    if stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z":
+                        break
+                except FileNotFoundError:
+                    break
+                time.sleep(0.02)
+            else:
+                pytest.fail(f"the background job {name} left process {pid} running")

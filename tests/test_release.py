@@ -53,3 +53,16 @@ def test_the_readme_names_the_pinned_trl():
     pin = re.search(r"^\s*(trl==\S+)\s*$", SETUP, re.M).group(1)
     readme = (ROOT / "README.md").read_text()
     assert f"`{pin}`" in readme and "rpg_trl/trl_surface.py" in readme
+
+
+def test_the_torch_floor_is_a_tested_release_with_what_the_failure_watcher_needs():
+    """setup.cfg's torch floor is the release the suites run on (no older one is tested) and has `Store.clone`, which
+    the failure watcher of multi-process runs needs (rpg_trl/reliability/process_failure.py)."""
+    import torch
+    import torch.distributed as dist
+
+    floor = re.search(r"^\s*torch>=(\d+)\.(\d+)\s*$", SETUP, re.M)
+    assert floor, "setup.cfg declares no torch floor"
+    installed = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    assert (int(floor.group(1)), int(floor.group(2))) == installed, (floor.group(0), torch.__version__)
+    assert hasattr(dist.Store, "clone")

@@ -40,6 +40,7 @@ from rpg_trl import RPGTrainer  # noqa: E402
 from rpg_trl.reliability import VLLMServerError, shutdown_colocated_vllm  # noqa: E402
 from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
 
+from helpers import failure_two_proc  # noqa: E402
 from helpers.ports import free_port  # noqa: E402
 from helpers.tiny_runs import PROMPTS, count_sevens, logged, tiny_run_args  # noqa: E402
 
@@ -940,8 +941,18 @@ def test_async_rpg_two_processes_against_one_vllm_server_and_resume(vllm_server,
     - TRL's `sample/staleness_max` stays within `max_staleness`, RPG's `staleness/max` within `max_staleness` + 1 (the
       data loader prefetches one micro-batch), and some batches did lag;
     - resumed from checkpoint-2 in a new launch, the first push is checkpoint-2's weights, the versions go on from the
-      checkpoint's, and steps 3-4 train on samples of the versions pushed since, as above."""
+      checkpoint's, and steps 3-4 train on samples of the versions pushed since, as above;
+    - FSDP2 sharded the policy on both processes (as in the synchronous FSDP2 test): every parameter a DTensor sharded
+      on dim 0, part of the model on each process, all of it together."""
+    from test_launch_configs import Run, _processes, _sharded
+
     run = launch_async_rpg(tmp_path, "run", vllm_model, vllm_server, "--max-steps", "4", "--save-steps", "2")
+    reports = _processes(Run(run.dir, run.output), "FSDP")
+    full_numel = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(vllm_model).parameters())
+    for report in reports:
+        layout = report["policy"]
+        assert layout["dtensors"] == layout["parameters"] > 0 and layout["placements"] == ["(Shard(dim=0),)"], layout
+    _sharded(reports, "policy", full_numel)
     assert [entry["step"] for entry in run.history] == [1, 2, 3, 4]
     assert all(math.isfinite(entry["loss"]) for entry in run.history)
     assert len(run.sent) == 5  # the cold push, then one after each step
@@ -1019,8 +1030,10 @@ def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_mo
 def test_a_server_killed_mid_request_stops_every_process_naming_it(vllm_server, vllm_model, tmp_path):
     """2 CPU processes (DDP: `accelerate_configs/multi_gpu.yaml`) of the scaled-down recipe against one `trl vllm-serve`, killed (SIGKILL to its process
     group) right after the first request for step 3 was sent to it, after checkpoint-2: the main process raises a
-    `VLLMServerError` that names the server's URL and the cause, and process 1, which waits for the completions in
-    TRL's broadcast, logs the same error and exits, instead of waiting until the launcher kills it; the launch ends
+    `VLLMServerError` that names the server's URL and the cause, runs the script's `finally` and its `atexit` handlers,
+    and is named by the launcher as the root cause; process 1, which waits for the completions in TRL's broadcast,
+    logs the same error once and waits for the main process to end (the launcher then ends it) instead of an unexplained
+    wait; the launch ends
     within 20 s of the kill (TRL's 5 retries are made back to back here, test-side: with its own backoff they take
     about a minute more). Checkpoint-2 is complete; nothing later was saved."""
     from rpg_trl.reliability.checkpoints import is_complete
@@ -1039,8 +1052,13 @@ def test_a_server_killed_mid_request_stops_every_process_naming_it(vllm_server, 
     elapsed = ended - float(stamp.read_text())
     print(f"server killed mid-request: the launch ended {elapsed:.1f} s after the kill")
     cause = f"The vLLM server at {url} stopped answering (ConnectionError: "
-    assert f"VLLMServerError on process 1: {cause}" in output, output[-6000:]
-    assert output.count(cause) >= 2, output[-6000:]  # the main process's error and process 1's
+    # The main process raised its own error (its traceback, with torch's rank prefix), ran the script's `finally` and
+    # its `atexit` handlers, and the launcher names it as the root cause; process 1 said it once and stopped after it.
+    assert f"[rank0]: rpg_trl.reliability.vllm_server.VLLMServerError: {cause}" in output, output[-6000:]
+    assert "process 0: the script's finally ran" in output and "process 0: atexit ran" in output, output[-6000:]
+    assert failure_two_proc.root_cause(output) == (0, 1), output[-6000:]
+    assert output.count(f"VLLMServerError on process 1: {cause}") == 1, output[-6000:]
+    assert "[rank1]: Traceback" not in output, output[-6000:]  # no error of process 1's own
     assert "at training step 2" in output and "resume_from_checkpoint" in output
     assert elapsed < 20.0, elapsed
     assert is_complete(str(run / "checkpoint-2")) and not (run / "checkpoint-4").exists()

@@ -16,7 +16,13 @@ from ..losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, sum
 from ..reliability.checkpoints import CommittedCheckpointsMixin
 from ..reliability.importance_weights import ImportanceWeightMonitorMixin
 from ..reliability.kl_drift import KLDriftMonitorMixin
-from ..reliability.vllm_server import probe_server, server_errors_named, watch_for_server_failure
+from ..reliability.process_failure import watching
+from ..reliability.vllm_server import (
+    ProbeWhileWaiting,
+    server_errors_named,
+    watch_for_server_failure,
+    weight_sync_deadline,
+)
 from ..trainer import RPGTrainer
 from .config import AsyncRPGConfig
 
@@ -58,19 +64,6 @@ class _PolicyVersionCollator:
         batch = self.collator(examples)
         batch[SAMPLE_VERSION_COLUMN] = pad([torch.tensor(v, dtype=torch.long) for v in versions], padding_value=-1)
         return batch
-
-
-class _WithServerProbe:
-    """The rollout worker's health check, run while the trainer waits on an empty rollout queue (every few seconds),
-    followed by a probe of the vLLM server: a dead server is named at once ([`VLLMServerError`]) instead of after TRL's
-    worker has exhausted its retries."""
-
-    def __init__(self, check_health, trainer, url: str):
-        self.check_health, self.trainer, self.url = check_health, trainer, url
-
-    def __call__(self, stale_after_s: float) -> None:
-        self.check_health(stale_after_s)
-        probe_server(self.trainer, self.url)
 
 
 class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, KLDriftMonitorMixin, AsyncGRPOTrainer):
@@ -125,12 +118,19 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
         if args.kl_anchor == "reference" and not is_peft_model(self.accelerator.unwrap_model(self.model)):
             self.ref_model = self._create_reference_model(model)
 
+    def train(self, *args, **kwargs):
+        # The failure watcher (processes other than the main one) is stopped and joined when training ends.
+        with watching(self):
+            return super().train(*args, **kwargs)
+
     def _sync_weight(self):
         # A dead server raises `VLLMServerError` with its URL on every process at once (TRL: a bare `requests` error on
-        # the main process while the others wait in a barrier).
+        # the main process while the others wait in a barrier); a transfer that hangs instead is ended, named, after
+        # `weight_sync_timeout` seconds.
         if self._vllm_server_url is None:
             return super()._sync_weight()
-        with server_errors_named(self, self._vllm_server_url):
+        url = self._vllm_server_url
+        with weight_sync_deadline(self, url, self.args.weight_sync_timeout), server_errors_named(self, url):
             return super()._sync_weight()
 
     def _create_reference_model(self, model_id: str):
@@ -160,9 +160,10 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
         if isinstance(loader.collate_fn, DataCollatorForRollout):
             loader.collate_fn = _PolicyVersionCollator(loader.collate_fn)
         dataset = self._rollout_dataset if self.accelerator.is_main_process else None  # TRL's view of the queue
-        probing = isinstance(getattr(dataset, "check_health_fn", None), _WithServerProbe)
+        # While the main process waits on an empty queue: the server probed too, and a failure told to every process.
+        probing = isinstance(getattr(dataset, "check_health_fn", None), ProbeWhileWaiting)
         if self._vllm_server_url is not None and dataset is not None and not probing:
-            dataset.check_health_fn = _WithServerProbe(dataset.check_health_fn, self, self._vllm_server_url)
+            dataset.check_health_fn = ProbeWhileWaiting(dataset.check_health_fn, self, self._vllm_server_url)
         return dataloader
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

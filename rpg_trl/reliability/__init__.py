@@ -20,7 +20,8 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
   vLLM engine is shut down before the process groups it uses.
 * [`rpg_trl.reliability.vllm_server`]: in vLLM server mode, a server that serves another model is refused before
   training, and a server that stops answering stops the run with an error naming its URL, in bounded time, on every
-  process.
+  process; the main process reports it and cleans up, the others stop after it
+  ([`rpg_trl.reliability.process_failure`]).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from .checkpoints import CommittedCheckpointsMixin, DiskFullError
 from .checks import check_prompt_column, check_sequence_length
 from .generation_state import load_generation_state, save_generation_state
 from .importance_weights import ImportanceWeightMonitor, ImportanceWeightMonitorMixin
+from .process_failure import watching
 from .reward_guard import RewardFunctionError, RewardGuard
 from .teardown import hold_process_group_until_exit, shutdown_colocated_vllm
 from .vllm_server import VLLMServerError, check_server_model, server_errors_named, watch_for_server_failure
@@ -49,6 +51,12 @@ class ReliabilityMixin(CommittedCheckpointsMixin):
         hold_process_group_until_exit()  # a gloo group is destroyed at exit without PyTorch's teardown deadlock
         check_server_model(self)  # vLLM server mode: the server's model has the trained model's weight shapes
         watch_for_server_failure(self)  # ... and every process stops, naming it, when it fails mid-request
+
+    def train(self, *args, **kwargs):
+        # The failure watcher (vLLM server mode, processes other than the main one) is stopped and joined when training
+        # ends, before the script destroys the process group and the interpreter shuts down.
+        with watching(self):
+            return super().train(*args, **kwargs)
 
     def _generate_single_turn(self, *args, **kwargs):
         # vLLM server mode: a dead or failing server is named with its URL (health probe first, bounded time).

@@ -49,7 +49,9 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 #: File name, inside a checkpoint folder, of its commit record: `{"complete": false, ...}` while it is being written,
-#: `{"complete": true, "files": {relative path: size in bytes}, ...}` once every process has written its files.
+#: `{"complete": true, "files": {relative path: size in bytes}, "world_size": ..., ...}` once every process has
+#: written its files: every file of the save, those a resume reads (weights, optimizer, RNG and generation state of
+#: each process) included, and the number of processes that wrote it.
 COMMIT_RECORD = "rpg_checkpoint.json"
 #: Written by `transformers` after the weights, optimizer, scheduler and RNG state (the last file of a save).
 TRAINER_STATE = "trainer_state.json"
@@ -230,16 +232,66 @@ def resolve_resume_checkpoint(
                 "take the newest complete one."
             )
     if world_size is not None:
-        _warn_missing_rng_files(checkpoint, world_size)
+        _check_resume_processes(checkpoint, world_size)
     return checkpoint
 
 
-def _warn_missing_rng_files(checkpoint: str, world_size: int) -> None:
+#: Files that no resume reads (documentation and Git attributes of a folder downloaded from the Hub): outside the
+#: commit record, they are named in a warning, not refused. `huggingface_hub`'s download metadata (`.cache/`) is ignored.
+INERT_SUFFIXES = (".md", ".txt", ".gitattributes")
+
+
+def unlisted_files(checkpoint: str, record: dict) -> list[str]:
+    """The files under `checkpoint` that its complete commit `record` does not list (relative paths, sorted): left by
+    an earlier save or upload into the same folder, e.g. `last-checkpoint` on the Hub, which `upload_folder` adds to
+    and replaces files in, and never deletes from."""
+    listed = set(record.get("files", {}))
+    found = []
+    for root, _, names in os.walk(checkpoint):
+        for name in names:
+            relative = os.path.relpath(os.path.join(root, name), checkpoint)
+            if relative.startswith(".cache" + os.sep) or relative == COMMIT_RECORD:
+                continue
+            if not name.startswith(COMMIT_RECORD + ".") and relative not in listed:
+                found.append(relative)
+    return sorted(found)
+
+
+def _check_resume_processes(checkpoint: str, world_size: int) -> None:
+    """The resume with `world_size` processes against the checkpoint's commit record: files that the commit does not
+    list (stale files of an earlier save or upload into the folder, which the resume could load as this run's state:
+    an RNG file of a process, weights, optimizer) are refused, but for documentation ([`INERT_SUFFIXES`]), which is
+    named in a warning; another number of processes than the record's, or RNG files that the resuming processes do not
+    find (`transformers` would continue those processes with fresh random state, silently), are named in a warning."""
     record = _read_record(checkpoint) or {}
+    if record.get("complete"):
+        unlisted = unlisted_files(checkpoint, record)
+        stale = [name for name in unlisted if not name.endswith(INERT_SUFFIXES)]
+        if stale:
+            shown = ", ".join(stale[:8]) + (f", ... ({len(stale)} in all)" if len(stale) > 8 else "")
+            raise ValueError(
+                f"Cannot resume from {checkpoint}: it holds {shown}, which its commit ({COMMIT_RECORD}, a save by "
+                f"{record.get('world_size', '?')} process(es)) does not list: left by an earlier save or upload into "
+                "the same folder (an upload to the Hub's `last-checkpoint` adds and replaces files, never deletes "
+                "them), which the resume could load as this run's state. Delete those files (the commit lists every "
+                "file of the checkpoint), then resume."
+            )
+        if unlisted:
+            logger.warning(
+                f"{checkpoint} holds files that its commit does not list ({', '.join(unlisted)}): not part of the "
+                "checkpoint; no resume reads them."
+            )
     if record.get("save_only_model"):
         return
+    written = record.get("world_size") if record.get("complete") else None
     missing = [name for name in _rng_files(world_size) if not os.path.isfile(os.path.join(checkpoint, name))]
-    if missing:
+    if written and written != world_size:
+        logger.warning(
+            f"Resuming from {checkpoint} with {world_size} process(es), but it was written by {written}: the random "
+            "state (and RPG's buffered generation batch) of each process is not restored as saved, so the resumed run "
+            f"is not an exact continuation. Resume with {written} process(es) for an exact one."
+        )
+    elif missing:
         written = record.get("world_size")
         if written:
             why = f"it was written by {written} process(es)"

@@ -7,18 +7,17 @@ server dies, retry for about a minute and then raise a bare `requests` error (or
 failed: 500`); with several training processes the others would wait in a collective (TRL's main process talks to the
 server alone and broadcasts its answer) until the launcher ends them, without a word of why. Here the main process
 posts the failure in the process group's store before it raises, and every other process, whose watcher thread reads
-it there, logs it as its own (server URL and cause) and exits with status 1 ([`watch_for_server_failure`]).
+it there, logs it as its own (server URL and cause) and, once the main process has reported and ended, exits with
+status 1 ([`watch_for_server_failure`], [`rpg_trl.reliability.process_failure`]).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
-import threading
-import time
 
 from transformers.utils import logging
+
+from .process_failure import FailureWatcher, deadline, failure_key, tell_other_processes
 
 
 logger = logging.get_logger(__name__)
@@ -38,13 +37,6 @@ SHAPE_FIELDS = (
 )
 #: Seconds the health probe before each generation waits for the server's answer.
 HEALTH_TIMEOUT = 10.0
-#: Key, in the store of the default process group, under which the main process posts a failure of the vLLM server
-#: in the middle of a request (the message of its `VLLMServerError`).
-FAILURE_KEY = "rpg_trl/vllm_server_failure"
-#: Seconds between two looks of a watching process at that key.
-WATCH_INTERVAL = 0.5
-#: Seconds the main process waits, at most, for every other process to take note of the failure before it raises.
-NOTICE_TIMEOUT = 10.0
 
 
 class VLLMServerError(RuntimeError):
@@ -159,6 +151,39 @@ def probe_server(trainer, url: str) -> None:
         raise VLLMServerError(_unreachable_message(trainer, url, exc)) from exc
 
 
+class ProbeWhileWaiting:
+    """A rollout worker's health check (`check_health(stale_after_s)`, which TRL's asynchronous trainer runs every few
+    seconds while it waits on an empty rollout queue), followed by a probe of the vLLM server at `url`: a dead server is
+    named at once ([`VLLMServerError`]) instead of after the worker has exhausted its retries. The main process alone
+    waits on the queue (the others wait for its batch in a collective): a failure of either check is posted for them
+    ([`tell_other_processes`]) before it is raised, so every process stops naming it."""
+
+    def __init__(self, check_health, trainer, url: str):
+        self.check_health, self.trainer, self.url = check_health, trainer, url
+
+    def __call__(self, stale_after_s: float) -> None:
+        try:
+            self.check_health(stale_after_s)
+            probe_server(self.trainer, self.url)
+        except Exception as exc:
+            message = str(exc) if isinstance(exc, VLLMServerError) else f"{type(exc).__name__}: {exc}"
+            tell_other_processes(self.trainer, message)
+            raise
+
+
+def weight_sync_deadline(trainer, url: str, seconds: float):
+    """Around a weight sync of the main process to the vLLM server at `url` (TRL's transfer can hang rather than raise
+    when the server dies in the middle of it, and its requests carry no timeout): past `seconds`, the sync is named as
+    a [`VLLMServerError`] on every process and the run ends ([`~rpg_trl.reliability.process_failure.deadline`])."""
+    message = (
+        f"The weight sync to the vLLM server at {url} did not finish within {seconds:g} s (`weight_sync_timeout`) at "
+        f"training step {trainer.state.global_step}: the server may have died in the middle of the transfer. "
+        f"Checkpoints already saved in {trainer.args.output_dir} are complete; restart the server and continue with "
+        "`resume_from_checkpoint`."
+    )
+    return deadline(trainer, seconds, message, VLLMServerError.__name__)
+
+
 @contextlib.contextmanager
 def server_errors_named(trainer, url: str | None = None):
     """
@@ -201,76 +226,21 @@ def server_errors_named(trainer, url: str | None = None):
 
 
 # ------------------------------------------------------------------------------- every process learns of a failure
-def _store():
-    """A client of the default process group's store of its own (usable from a thread), or None without one."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    try:
-        return dist.distributed_c10d._get_default_store().clone()
-    except (AttributeError, RuntimeError, ValueError):  # a group without a store, or a store that cannot be cloned
-        return None
-
-
 def watch_for_server_failure(trainer, url: str | None = None) -> bool:
-    """On every process but the main one of a multi-process server-mode run: start a daemon thread that waits for
-    the main process to post, at [`FAILURE_KEY`] of the process group's store, that the vLLM server failed in the
-    middle of a request ([`tell_other_processes`]), then logs that message (the server's URL and the cause) as this
-    process's error and ends the process with exit status 1. Meanwhile this process waits for the server's answer in
-    a collective that nothing else ends (TRL broadcasts the completions from the main process). `url`: the server of
-    a trainer that is not in TRL's server mode (the asynchronous trainer's weight sync). Returns whether a watcher was
-    started."""
+    """As the trainer is built, on every process: number the trainer's failure record
+    ([`~rpg_trl.reliability.process_failure.failure_key`]) and, on every process but the main one of a multi-process
+    server-mode run, start a [`~rpg_trl.reliability.process_failure.FailureWatcher`]: when the main process posts that
+    the vLLM server failed ([`tell_other_processes`]), this process logs that message (the server's URL and the cause)
+    as its own error, waits for the main process to report and end, and then ends with status 1. Meanwhile it waits for
+    the server's answer in a collective that nothing else ends (TRL broadcasts the completions from the main process).
+    The trainers stop and join the watcher when `train()` ends. `url`: the server of a trainer that is not in TRL's
+    server mode (the asynchronous trainer's weight sync). Returns whether a watcher was started."""
     accelerator = trainer.accelerator
     if url is None and not uses_vllm_server(trainer):
         return False
+    failure_key(trainer)
     if accelerator.num_processes == 1 or accelerator.is_main_process:
         return False
-    store = _store()
-    if store is None:
-        return False
-    rank = accelerator.process_index
-    try:
-        store.add(f"{FAILURE_KEY}/watchers", 1)  # the main process waits for as many notes
-    except Exception:  # noqa: BLE001 - a store that does not count: no watcher
-        return False
-
-    def watch():
-        try:
-            while not store.check([FAILURE_KEY]):
-                time.sleep(WATCH_INTERVAL)
-            message = store.get(FAILURE_KEY).decode()
-        except Exception:  # noqa: BLE001 - the store is gone: the run has ended
-            return
-        logger.error(f"Process {rank} stops: {message}")
-        sys.stderr.write(f"VLLMServerError on process {rank}: {message}\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        with contextlib.suppress(Exception):
-            store.add(f"{FAILURE_KEY}/noted", 1)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="rpg-trl-vllm-server-watch", daemon=True).start()
-    return True
-
-
-def tell_other_processes(trainer, message: str) -> None:
-    """On the main process of a multi-process run: log `message` (a failure of the vLLM server in the middle of a
-    request), post it for the other processes' watchers ([`watch_for_server_failure`]) and wait until each watcher has
-    taken note of it, at most [`NOTICE_TIMEOUT`] seconds, so that every process names the failure before the launcher
-    ends the job."""
-    accelerator = trainer.accelerator
-    if accelerator.num_processes == 1 or not accelerator.is_main_process:
-        return
-    store = _store()
-    if store is None:
-        return
-    logger.error(message)
-    try:
-        store.set(FAILURE_KEY, message)
-        watchers = store.add(f"{FAILURE_KEY}/watchers", 0)
-        deadline = time.monotonic() + NOTICE_TIMEOUT
-        while store.add(f"{FAILURE_KEY}/noted", 0) < watchers and time.monotonic() < deadline:
-            time.sleep(0.1)
-    except Exception:  # noqa: BLE001 - the others are told by the launcher then; the error is raised all the same
-        return
+    watcher = FailureWatcher(trainer, f"the vLLM server at {url or _server_url(trainer)}", VLLMServerError.__name__)
+    trainer._rpg_failure_watcher = watcher
+    return watcher.start()

@@ -9,7 +9,8 @@ In each launched process it applies the shims below, then runs the script with i
 (`DIR/rank{R}.json`: distributed type, process count, how the parameters are laid out, which `rpg_trl` it imported),
 for `tests/test_launch_configs.py` to tell a run that sharded from a silent fallback; with `RPG_VLLM_RECORD=DIR`, how
 vLLM's log-probs compared with the trainer's at every generation (`DIR/rank{R}.jsonl`); with
-`RPG_TEST_KILL_SERVER=PGID:N:STAMP`, the vLLM server is killed in the middle of a request. Test-side only: nothing in `rpg_trl/` imports this file.
+`RPG_TEST_KILL_SERVER=PGID:N:STAMP`, the vLLM server is killed in the middle of a request (and each process says when
+its `finally` around the script and its last `atexit` handler ran). Test-side only: nothing in `rpg_trl/` imports this file.
 """
 
 import importlib
@@ -148,6 +149,12 @@ def kill_server_mid_request(spec: str) -> None:
 
     HTTPConnection.request = request_then_kill
     Retry.get_backoff_time = lambda self: 0.0
+    # The cleanup of each process that runs it, for the test to see: registered before the script (and rpg_trl) are
+    # imported, this handler runs after theirs.
+    import atexit
+
+    rank = os.environ.get("RANK", "0")
+    atexit.register(lambda: print(f"process {rank}: atexit ran", flush=True))
 
 
 def main() -> None:
@@ -163,7 +170,13 @@ def main() -> None:
     script = os.path.abspath(sys.argv[1])
     sys.argv = [script, *sys.argv[2:]]
     sys.path[0] = os.path.dirname(script)  # as when the script is run directly (rpg_math imports its sibling)
-    runpy.run_path(script, run_name="__main__")
+    if not os.environ.get("RPG_TEST_KILL_SERVER"):
+        runpy.run_path(script, run_name="__main__")
+        return
+    try:  # a user's `finally` around the training script
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        print(f"process {os.environ.get('RANK', '0')}: the script's finally ran", flush=True)
 
 
 if __name__ == "__main__":

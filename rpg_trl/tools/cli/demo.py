@@ -52,7 +52,8 @@ SUMMARY_SFT_CONFIG_KEYS = (
     "weight_decay",
     "per_device_train_batch_size",
 )
-#: Keys of the RL configuration recorded in ``summary.json`` (the rest are TRL defaults).
+#: Keys of TRL's configuration recorded in ``summary.json`` (the rest are TRL defaults), besides every field that
+#: `RPGConfig` adds to it (`_rpg_fields`).
 SUMMARY_CONFIG_KEYS = (
     "max_steps",
     "learning_rate",
@@ -253,13 +254,26 @@ def _run_demo(args: DemoArguments) -> dict:
                 "min_check_accuracy": WARM_START_MIN_ACCURACY,
                 **{key: getattr(sft, key) for key in SUMMARY_SFT_CONFIG_KEYS},
             },
-            "rl": {key: getattr(config, key) for key in SUMMARY_CONFIG_KEYS},
+            "rl": {key: getattr(config, key) for key in (*SUMMARY_CONFIG_KEYS, *_rpg_fields())},
         },
         "versions": _versions(),
         "machine": _machine(),
     }
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _rpg_fields() -> tuple[str, ...]:
+    """Every field that `RPGConfig` adds to TRL's `GRPOConfig` (the loss, `kl_clip_mode` and `kl_level` included, the KL
+    control, dynamic sampling, the reference sync, the warnings): all of them shape the result or its log."""
+    from dataclasses import fields
+
+    from trl import GRPOConfig
+
+    from rpg_trl.config import RPGConfig
+
+    trl_fields = {f.name for f in fields(GRPOConfig)}
+    return tuple(sorted(f.name for f in fields(RPGConfig) if f.name not in trl_fields))
 
 
 def _machine() -> dict:

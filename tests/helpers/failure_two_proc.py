@@ -1,0 +1,150 @@
+"""One process of a 2-process gloo run under `torch.distributed.run` with a stand-in vLLM server (an HTTP server of the
+main process that answers `/health`), for the failure coordination of `rpg_trl/reliability/process_failure.py`.
+
+`python -m torch.distributed.run --nproc_per_node 2 failure_two_proc.py MODE`, MODE one of:
+
+- `report`: the server fails in the middle of a request of the main process (a `requests.ConnectionError` inside
+  `server_errors_named`) while process 1 waits for its answer in a broadcast, as TRL's server mode does. The main
+  process's `finally` and `atexit` handler print what they ran;
+- `exit` / `exit-atexit`: a short run that finishes: a few probed collectives with process 1's watcher polling the
+  store without pause (`WATCH_INTERVAL = 0`, the widest window for a thread inside a store call at exit); with `exit`
+  the watcher is stopped by `watching` when the "training" ends, with `exit-atexit` only by the `atexit` handler.
+- `deadline`: the main process's weight sync to the server hangs (a sleep) past its deadline (1 s);
+- `queue-dry`: the main process waits on an empty rollout queue (AsyncRPGTrainer's health check with the server's probe,
+  `ProbeWhileWaiting`) when the server has gone, while process 1 waits for its batch in a broadcast.
+
+[`launch`] runs it from a test.
+
+The rpg_trl modules are loaded without the package's `__init__` (which imports transformers' Trainer: seconds).
+"""
+
+import atexit
+import importlib
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import types
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def launch(mode: str, timeout: float = 120) -> tuple[int, str, float]:
+    """This script with `mode` in 2 gloo processes under `torch.distributed.run`; returns (exit code, the launcher's
+    output with both processes' stdout and stderr, seconds)."""
+    from helpers.ports import free_port
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    cmd += ["--master_port", str(free_port()), __file__, mode]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=timeout)  # fmt: skip
+    return proc.returncode, proc.stdout, time.monotonic() - started
+
+
+def root_cause(output):
+    """torchrun's summary of the first observed failure: (rank, exit code)."""
+    found = re.search(r"Root Cause \(first observed failure\):\s*\[\d+\]:.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)",
+                      output, re.S)  # fmt: skip
+    assert found, output[-3000:]
+    return int(found.group(1)), int(found.group(2))
+
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802 - the name http.server calls
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def main(mode: str) -> None:
+    rank = int(os.environ["RANK"])
+    if rank == 0:  # registered first: runs last of all exit handlers
+        atexit.register(lambda: print("process 0: atexit ran", flush=True))
+    for name, path in (("rpg_trl", ROOT / "rpg_trl"), ("rpg_trl.reliability", ROOT / "rpg_trl" / "reliability")):
+        package = types.ModuleType(name)
+        package.__path__ = [str(path)]
+        sys.modules[name] = package
+    process_failure = importlib.import_module("rpg_trl.reliability.process_failure")
+    vllm_server = importlib.import_module("rpg_trl.reliability.vllm_server")
+    teardown = importlib.import_module("rpg_trl.reliability.teardown")
+
+    import requests
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    port = torch.tensor([0])
+    if rank == 0:
+        server = HTTPServer(("127.0.0.1", 0), Health)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        port[0] = server.server_address[1]
+    dist.broadcast(port, src=0)
+    url = f"http://127.0.0.1:{int(port)}"
+    accelerator = SimpleNamespace(num_processes=2, is_main_process=rank == 0, process_index=rank)
+    args = SimpleNamespace(use_vllm=True, vllm_mode="server", vllm_server_base_url=url, output_dir="/nonexistent")
+    trainer = SimpleNamespace(accelerator=accelerator, args=args, state=SimpleNamespace(global_step=2))
+    teardown.hold_process_group_until_exit()  # as RPGTrainer does: the group is destroyed at exit
+    if mode.startswith("exit"):
+        process_failure.WATCH_INTERVAL = 0.0
+    print(f"process {rank} watching: {vllm_server.watch_for_server_failure(trainer)}", flush=True)
+    dist.barrier()
+
+    if mode == "report":
+        with process_failure.watching(trainer):
+            if rank == 1:
+                answer = torch.zeros(1)
+                with vllm_server.server_errors_named(trainer):
+                    dist.broadcast(answer, src=0)  # the main process's answer, which never comes
+                sys.exit("process 1 got an answer")
+            try:
+                with vllm_server.server_errors_named(trainer):
+                    time.sleep(0.5)
+                    raise requests.ConnectionError("test: the server died mid-request")
+            finally:
+                print("process 0: finally ran", flush=True)
+    elif mode == "queue-dry":
+        with process_failure.watching(trainer):
+            if rank == 1:
+                dist.broadcast(torch.zeros(1), src=0)  # the batch the main process would dispatch
+                sys.exit("process 1 got a batch")
+            server.shutdown()
+            server.server_close()  # the server is gone
+            ProbeWhileWaiting = vllm_server.ProbeWhileWaiting
+            ProbeWhileWaiting(lambda stale_after_s: None, trainer, url)(300.0)  # TRL's worker check passes
+            sys.exit("process 0: the probe passed")
+    elif mode == "deadline":
+        with process_failure.watching(trainer):
+            message = f"The weight sync to the vLLM server at {url} did not finish within 1 s (test)."
+            with process_failure.deadline(trainer, 1.0, message, "VLLMServerError"):
+                if rank == 0:
+                    time.sleep(120)  # a transfer to a server that died in the middle of it
+                dist.barrier()
+            sys.exit(f"process {rank} left the weight sync")
+    elif mode in ("exit", "exit-atexit"):
+        if mode == "exit":
+            with process_failure.watching(trainer):
+                for _ in range(3):
+                    with vllm_server.server_errors_named(trainer):
+                        dist.barrier()
+        else:
+            for _ in range(3):
+                with vllm_server.server_errors_named(trainer):
+                    dist.barrier()
+        print(f"process {rank} done", flush=True)
+    else:
+        sys.exit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

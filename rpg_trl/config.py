@@ -131,7 +131,7 @@ class RPGLossArguments:
             "weighted by its own ratio π_θ/π_old, as in the paper's code, TRL and every peer. 'sequence': the exact "
             "gradient of the divergence between whole completions (the paper's objective, Sec. 2-3), with prefix "
             "ratios π_θ(y≤t)/π_old(y≤t); exact with aggregation 'seq-mean-token-sum' (loss_type='luspo'). "
-            "docs/design.md compares the two.",
+            "help(rpg_trl.losses) gives the weights of both levels.",
             "choices": list(KL_LEVELS),
         },
     )
@@ -140,13 +140,14 @@ class RPGLossArguments:
         metadata={
             "help": "How RPG-Style Clip treats the KL term outside the trust region; the reward term is clipped in every "
             "mode, and per token every mode is exact inside the trust region (over whole completions, see "
-            "docs/design.md). 'exact': the KL weight at the unclipped ratio (the authors' code, TRL's "
+            "help(rpg_trl.losses.KLClipMode)). 'exact': the KL weight at the unclipped ratio (the authors' code, TRL's "
             "use_bias_correction_kl, slime). 'truncated': the importance weight inside the KL weight capped at clip_c "
             "(over whole completions, one factor min(1, clip_c / largest prefix ratio) on each token's KL-to-go; fkl "
             "left exact), the sign kept. 'clipped': the KL weight at clip(w, 1 - epsilon, 1 + epsilon_high) (Algorithm "
             "1 literally; rpg_trl 0.1.0), which can push the policy away from its anchor (warned). 'stopped': no KL "
             "gradient where the reward term is clipped (Sec. G.2, Algorithm 2). Default "
-            f"{DEFAULT_KL_CLIP_MODE!r}, chosen on the KL table of docs/bench_algos.md; docs/design.md compares them.",
+            f"{DEFAULT_KL_CLIP_MODE!r}, chosen on the KL table of `rpg-trl bench-algos --tables kl`; "
+            "rpg_trl.losses.KL_CLIP_MODES names each mode's reading of the paper.",
             "choices": list(KL_CLIP_MODES),
         },
     )

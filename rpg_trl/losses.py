@@ -895,8 +895,9 @@ def kl_sign_message(spec: RPGLossSpec, separate_reference: bool) -> str:
         f"kl_clip_mode={spec.kl_clip_mode!r} takes the KL weight at the clipped importance weight; with "
         f"divergence={spec.divergence!r}, kl_level={spec.kl_level!r} and the KL anchored to {anchor}, that weight can "
         "have the opposite sign of the exact one on tokens outside the trust region, where the KL term then pushes the "
-        "policy away from its anchor (docs/design.md, 'The KL term outside the trust region'). Use a mode that keeps "
-        "the sign: kl_clip_mode='truncated' (the default) or 'exact'."
+        "policy away from its anchor (paper Sec. 3.3, Algorithm 1 and Remark F.2 read literally; "
+        "help(rpg_trl.losses.KLClipMode) says where each mode keeps the sign). Use a mode that keeps the sign: "
+        "kl_clip_mode='truncated' (the default) or 'exact'."
     )
 
 

@@ -166,7 +166,8 @@ class KLDriftMonitor:
             )
         warnings.warn(
             f"The KL to the reference model is not holding the policy: {' and '.join(signs)}. This is the signature "
-            f"of a policy running away from its reference (docs/bench_algos.md, the KL tables). To change: "
+            f"of a policy running away from its reference (the KL tables of `rpg-trl bench-algos --tables kl`). To "
+            f"change: "
             f"{'; '.join(advice)}. (Warned once per run; kl_drift_warning=False turns the check off.)",
             KLDriftWarning,
             stacklevel=2,

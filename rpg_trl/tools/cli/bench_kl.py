@@ -325,7 +325,8 @@ def format_kl_readings(arms: list[str]) -> str:
     from .warm_start_bench import markdown_table
 
     return markdown_table(
-        '**Which reading each arm is** (docs/design.md, "The KL term outside the trust region").',
+        '**Which reading each arm is** (`rpg_trl.losses.KL_CLIP_MODES`; in the repository, docs/design.md, "The KL '
+        'term outside the trust region").',
         ["Arm", "Reading"],
         [[arm, kl_reading(arm)] for arm in arms],
     )

@@ -946,7 +946,17 @@ def test_async_rpg_two_processes_against_one_vllm_server_and_resume(vllm_server,
       on dim 0, part of the model on each process, all of it together."""
     from test_launch_configs import Run, _processes, _sharded
 
-    run = launch_async_rpg(tmp_path, "run", vllm_model, vllm_server, "--max-steps", "4", "--save-steps", "2")
+    # Whether a sample waits in the queue long enough to be dropped as stale depends on how fast TRL's worker samples
+    # against the trainer (one CI run of 4 saw none); a launch in which none was is run again, at most twice: dropping
+    # must be seen, and every other check holds for the launch that saw it.
+    for attempt in range(3):
+        run = launch_async_rpg(
+            tmp_path, f"run{attempt}", vllm_model, vllm_server, "--max-steps", "4", "--save-steps", "2"
+        )
+        dropped = [s for s in run.taken if s.trainer_version - s.model_version > 1]
+        if dropped:
+            break
+    assert dropped  # stale samples were taken, and (below) none of them was trained on
     reports = _processes(Run(run.dir, run.output), "FSDP")
     full_numel = sum(t.numel() for t in AutoModelForCausalLM.from_pretrained(vllm_model).parameters())
     for report in reports:
@@ -958,8 +968,6 @@ def test_async_rpg_two_processes_against_one_vllm_server_and_resume(vllm_server,
     assert len(run.sent) == 5  # the cold push, then one after each step
     labels = assert_trained_tokens_sampled_by_their_version(run, vllm_model, max_staleness=1)
     assert max(labels) >= 2, labels  # samples of weights pushed after an update were trained on
-    dropped = [s for s in run.taken if s.trainer_version - s.model_version > 1]
-    assert dropped  # and stale ones dropped
     assert all(entry["sample/staleness_max"] <= 1 for entry in run.history), run.history
     assert all(entry["staleness/max"] <= 2 for entry in run.history), run.history
     assert max(entry["staleness/max"] for entry in run.history) >= 1, run.history

@@ -16,7 +16,6 @@ import datetime
 import glob
 import hashlib
 import importlib
-import importlib.metadata as metadata
 import json
 import math
 import os
@@ -58,12 +57,9 @@ def record_env(path: str, device: str) -> dict:
 
     if device == "cuda" and not torch.cuda.is_available():
         sys.exit("gpu_run.sh: CUDA is not available here; use --dry-run for the CPU dry run.")
-    versions = {}
-    for name in VERSIONS:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
+    from gpu_wheels import versions as installed_versions  # examples/, the script's folder, is on sys.path
+
+    versions = installed_versions(VERSIONS)
     needed = ["trl", "datasets", "math-verify"] + (["deepspeed"] if device == "cuda" else [])
     missing = [name for name in needed if not versions[name]]
     if missing:

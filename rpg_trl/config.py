@@ -31,6 +31,7 @@ from .losses import (
     kl_can_flip_sign,
     kl_sign_message,
 )
+from .reliability.kl_drift import KL_FLOOR
 
 
 KL_ANCHORS = ("sampling", "reference")
@@ -188,10 +189,10 @@ class RPGLossArguments:
         },
     )
     kl_drift_min_kl: float = field(
-        default=0.01,
+        default=KL_FLOOR,
         metadata={
             "help": "The KL-drift warning's floor: no warning while the KL to the reference (mean per token over a "
-            "period) is below this value, whatever its growth. Default 0.01."
+            f"period) is below this value, whatever its growth. Default {KL_FLOOR}."
         },
     )
 

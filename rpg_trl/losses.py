@@ -364,7 +364,7 @@ class RatioTensors:
     def prefixes(self) -> Prefixes:
         """The whole-completion prefix ratios ``W≤t`` and ``R≤t`` of these token ratios (masked tokens count as 1),
         computed once."""
-        log_w = clamp_log_ratio(self.token_log_ratio)
+        log_w = self.kl_log_w  # the clamped token log w, differentiable
         log_W = log_w.cumsum(-1)
         log_R = torch.broadcast_to(self.token_log_r, log_W.shape).cumsum(-1)
         return Prefixes(
@@ -481,15 +481,13 @@ class _ValueWithGradient(torch.autograd.Function):
 # ============================================================================================== the KL term
 def kl_values(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
     """The divergence estimate per token, ``S`` (B, T), differentiable: the importance-weighted per-token estimate
-    (``kl_level="token"``, at the token ratios whatever the importance-sampling level), or the terms whose sum over a completion estimates the divergence
-    between whole completions (``kl_level="sequence"``). GRPO's uncorrected k3 is evaluated at the token ratios."""
+    (``kl_level="token"``, at the token ratios whatever the importance-sampling level), or the terms whose sum over a
+    completion estimates the divergence between whole completions (``kl_level="sequence"``). GRPO's uncorrected k3 is evaluated at the token ratios."""
     term = spec.kl_term
     if not term.importance_weighted:
-        log_w = clamp_log_ratio(ratios.token_log_ratio)
-        return term.value(None, None, log_w, ratios.token_log_r)
+        return term.value(None, None, ratios.kl_log_w, ratios.token_log_r)
     if spec.kl_level == "sequence":
-        log_w = clamp_log_ratio(ratios.token_log_ratio)
-        return term.sequence_value(ratios.prefixes, log_w, ratios.token_log_r)
+        return term.sequence_value(ratios.prefixes, ratios.kl_log_w, ratios.token_log_r)
     return term.value(ratios.kl_w, ratios.token_r, ratios.kl_log_w, ratios.token_log_r)
 
 

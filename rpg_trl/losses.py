@@ -1010,17 +1010,25 @@ def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[
         metrics = dict(zip(TOKEN_MEAN_METRICS, (torch.stack(sums) / num_tokens.clamp(min=1.0)).unbind()))
         # Masked extremes without boolean indexing (which copies and synchronises); NaN when no token is active. The
         # largest: w > 0 on active tokens and w·mask = 0 elsewhere.
-        nan = torch.full((), float("nan"), dtype=w.dtype, device=w.device)
-        w_min = torch.where(mask > 0, w, torch.full((), math.inf, dtype=w.dtype, device=w.device)).amin()
+        w_min = torch.where(mask > 0, w, math.inf).amin()
         has_tokens = num_tokens > 0
-        metrics["importance_weight/max"] = torch.where(has_tokens, weighted.amax(), nan)
-        metrics["importance_weight/min"] = torch.where(has_tokens, w_min, nan)
+        metrics["importance_weight/max"] = torch.where(has_tokens, weighted.amax(), math.nan)
+        metrics["importance_weight/min"] = torch.where(has_tokens, w_min, math.nan)
         metrics["num_tokens"] = num_tokens
         # Mean over the completions that have tokens of the whole-completion divergence estimate.
         has_sequence = mask.sum(-1) > 0
         metrics["kl/sequence"] = (stats["sequence_kl"] * has_sequence).sum() / has_sequence.sum().clamp(min=1)
         metrics["num_sequences"] = has_sequence.sum().to(w.dtype)
         return metrics
+
+
+def nan_extreme(values: torch.Tensor, largest: bool) -> torch.Tensor:
+    """The largest (or smallest) non-NaN entry of `values`, NaN when all are NaN: TRL's `nanmax`/`nanmin` computed on
+    the device (theirs index by a boolean mask and test a device value, and each waits for the device)."""
+    is_nan = values.isnan()
+    kept = torch.where(is_nan, -math.inf if largest else math.inf, values)  # Python scalars: no tensor to fill
+    extreme = kept.amax() if largest else kept.amin()
+    return torch.where(is_nan.all(), math.nan, extreme)
 
 
 def _check_shapes(logps, old_logps, advantages, mask, ref_logps) -> None:

@@ -7,12 +7,12 @@ import textwrap
 
 import torch
 from trl import GRPOTrainer
-from trl.trainer.utils import get_config_model_id, nanmax, nanmin
+from trl.trainer.utils import get_config_model_id
 
 from .config import RPGConfig
 from .dynamic_sampling import DynamicSamplingMixin
 from .kl_control import AdaptiveKLCallback
-from .losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
+from .losses import TOKEN_MEAN_METRICS, aggregate_loss, nan_extreme, rpg_per_token_loss, summarize_stats
 from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
 from .reliability.kl_drift import KLDriftMonitorMixin
@@ -255,11 +255,6 @@ class RPGTrainer(
         if mode == "train" and self.kl_control_callback is not None:
             self.kl_control_callback.observe(totals[0], totals[-1], totals[-3], totals[-2])
         global_count = totals[-1].clamp(min=1.0)
-        for i, key in enumerate(means):
-            self._metrics[mode][key].append((totals[i] / global_count).item())
-        self._metrics[mode]["entropy"].append((totals[len(means)] / global_count).item())
-        # The whole-completion divergence estimate, averaged over the completions of all processes.
-        self._metrics[mode]["kl/sequence"].append((totals[-3] / totals[-2].clamp(min=1.0)).item())
         # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
         # the largest of high-clipped tokens over the batch (NaN-free over empty sequences).
         lengths = fmask.sum(-1)
@@ -268,10 +263,27 @@ class RPGTrainer(
         extremes = torch.stack([local["importance_weight/max"], local["importance_weight/min"]])
         gathered_low, gathered_high = self.accelerator.gather(low), self.accelerator.gather(high)
         extremes = self.accelerator.gather(extremes.reshape(1, 2))
-        self._metrics[mode]["clip_ratio/low_min"].append(nanmin(gathered_low).item())
-        self._metrics[mode]["clip_ratio/high_max"].append(nanmax(gathered_high).item())
-        self._metrics[mode]["importance_weight/max"].append(nanmax(extremes[:, 0]).item())
-        self._metrics[mode]["importance_weight/min"].append(nanmin(extremes[:, 1]).item())
+        # Every value is computed on the device and copied to the host at once: one synchronisation per micro-batch
+        # (an `.item()` per metric, and TRL's `nanmin`/`nanmax` with their boolean indexing, wait for the device each).
+        values = torch.cat(
+            [
+                totals[: len(means) + 1] / global_count,  # the token means, then `entropy`
+                # The whole-completion divergence estimate, averaged over the completions of all processes.
+                (totals[-3] / totals[-2].clamp(min=1.0)).reshape(1),
+                torch.stack(
+                    [
+                        nan_extreme(gathered_low, largest=False),
+                        nan_extreme(gathered_high, largest=True),
+                        nan_extreme(extremes[:, 0], largest=True),
+                        nan_extreme(extremes[:, 1], largest=False),
+                    ]
+                ).to(totals.dtype),
+            ]
+        ).tolist()
+        keys = (*means, "entropy", "kl/sequence", "clip_ratio/low_min", "clip_ratio/high_max")
+        keys += ("importance_weight/max", "importance_weight/min")
+        for key, value in zip(keys, values, strict=True):
+            self._metrics[mode][key].append(value)
 
     def _observe_reference_kl(self, mode, kl_sum, num_tokens):
         """Hand a training micro-batch's token KL to π_ref (summed over tokens and processes) to the reference sync."""
@@ -296,3 +308,4 @@ class RPGTrainer(
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and self.ref_sync_callback is not None:
             self.ref_sync_callback.load_checkpoint(self, checkpoint)
+

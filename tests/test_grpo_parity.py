@@ -80,6 +80,13 @@ def test_ppo_clip_equals_grpo_trainer_outside_the_trust_region(tiny_model_dir, t
     grpo, rpg = _pair(tiny_model_dir, tmp_path, loss_type, beta=0.0)
     _assert_same(grpo, rpg, fixed_inputs(grpo, spread=0.6))
     assert rpg._metrics["train"]["clip_ratio/region_mean"][-1] > 0.1  # the clip acts on this batch
+    # The clip metrics GRPOTrainer logs, logged alike (RPG reduces them on the device and copies them to the host
+    # at once; GRPOTrainer with one `.item()` each and TRL's `nanmin`/`nanmax`).
+    for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "entropy"):
+        assert rpg._metrics["train"][key][-1] == pytest.approx(grpo._metrics["train"][key][-1], rel=1e-6), key
+    for key in ("clip_ratio/low_min", "clip_ratio/high_max"):
+        assert rpg._metrics["train"][key][-1] == grpo._metrics["train"][key][-1], key
+    assert grpo._metrics["train"]["clip_ratio/high_max"][-1] > 0  # a completion with high-clipped tokens
 
 
 @pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")  # the "clipped" reading at the end

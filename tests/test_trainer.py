@@ -77,6 +77,51 @@ def test_sequence_kl_metric_is_the_sum_of_token_terms_on_policy(tiny_model_dir, 
     assert trainer._metrics["eval"]["kl/sequence"][-1] == pytest.approx(expected, rel=1e-5)
 
 
+
+@pytest.mark.parametrize("kl_level", ["token", "sequence"])
+def test_the_loss_and_its_metrics_wait_for_the_device_once(tiny_model_dir, tmp_path, kl_level):
+    """No `.item()`, `if` on a device value or boolean indexing in `_compute_loss` and its backward pass (on a GPU each
+    makes the host wait for the device): the metrics are reduced on the device and copied to the host once."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from trl import GRPOTrainer
+
+    class CountWaits(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.waits = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            op = func.overloadpacket
+            if op in (torch.ops.aten._local_scalar_dense, torch.ops.aten.nonzero):
+                self.waits.append(op.__name__)
+            elif op is torch.ops.aten.index and any(t is not None and t.dtype == torch.bool for t in args[1]):
+                self.waits.append("boolean index")
+            return func(*args, **(kwargs or {}))
+
+    def waits(trainer, inputs):
+        # The model's forward pass (transformers' mask checks wait too) runs first; the loss gets its log-probs.
+        logps = policy_logps(
+            trainer, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], inputs["completion_mask"]
+        )
+        logps.requires_grad_(True)
+        trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, torch.rand_like(logps), None)
+        trainer.model.train()
+        trainer.current_gradient_accumulation_steps = 1
+        counter = CountWaits()
+        with counter:
+            trainer._compute_loss(trainer.model, inputs).backward()
+        assert logps.grad is not None and logps.grad.abs().sum() > 0
+        return counter.waits
+
+    trainer = make_trainer(tiny_model_dir, tmp_path / "rpg", kl_anchor="reference", beta=0.1, kl_level=kl_level)
+    inputs = fixed_inputs(trainer, spread=0.6)
+    assert waits(trainer, inputs) == []
+    metrics = {key: values[-1] for key, values in trainer._metrics["train"].items()}
+    assert metrics["importance_weight/max"] > 1.2 and 0 < metrics["clip_ratio/high_max"] <= 1
+    # The counter is not blind: GRPOTrainer's loss on the same batch waits for each of its metrics.
+    grpo = make_trainer(tiny_model_dir, tmp_path / "grpo", GRPOTrainer, GRPOConfig, beta=0.1)
+    assert waits(grpo, inputs).count("_local_scalar_dense") >= 5
+
 def test_mean_reward_rises(tiny_model_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path, max_steps=20, logging_steps=5, steps_per_generation=2)
     trainer.train()

@@ -10,9 +10,9 @@ from accelerate.utils import is_peft_model
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
 from trl.experimental.async_grpo.packing import TREE_ATTENTION
-from trl.trainer.utils import add_fused_lm_head, create_model_from_path, nanmax, nanmin, pad
+from trl.trainer.utils import add_fused_lm_head, create_model_from_path, pad
 
-from ..losses import TOKEN_MEAN_METRICS, aggregate_loss, rpg_per_token_loss, summarize_stats
+from ..losses import TOKEN_MEAN_METRICS, aggregate_loss, nan_extreme, rpg_per_token_loss, summarize_stats
 from ..reliability.checkpoints import CommittedCheckpointsMixin
 from ..reliability.importance_weights import ImportanceWeightMonitorMixin
 from ..reliability.kl_drift import KLDriftMonitorMixin
@@ -260,9 +260,6 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
             totals += [(sample_versions * valid).sum().float(), valid.sum().float()]
         totals = self.accelerator.reduce(torch.stack(totals), reduction="sum")
         global_count = totals[len(TOKEN_MEAN_METRICS) + 1].clamp(min=1.0)
-        for i, key in enumerate(TOKEN_MEAN_METRICS):
-            metrics[key].append((totals[i] / global_count).item())
-        metrics["entropy"].append((totals[len(TOKEN_MEAN_METRICS)] / global_count).item())
 
         # Per-completion extremes of the clip fractions (as AsyncGRPOTrainer) and of the importance weight.
         num_seq = int(segment_id.max()) + 1 if segment_id.numel() else 1
@@ -273,17 +270,31 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
 
         extremes = torch.stack(
             [
-                nanmin(per_sequence(stats["is_low_clipped"])),
-                nanmax(per_sequence(stats["is_high_clipped"])),
+                nan_extreme(per_sequence(stats["is_low_clipped"]), largest=False),
+                nan_extreme(per_sequence(stats["is_high_clipped"]), largest=True),
                 local["importance_weight/max"].float(),
                 local["importance_weight/min"].float(),
             ]
         )
         extremes = self.accelerator.gather(extremes.unsqueeze(0))
-        metrics["clip_ratio/low_min"].append(nanmin(extremes[:, 0]).item())
-        metrics["clip_ratio/high_max"].append(nanmax(extremes[:, 1]).item())
-        metrics["importance_weight/max"].append(nanmax(extremes[:, 2]).item())
-        metrics["importance_weight/min"].append(nanmin(extremes[:, 3]).item())
+        # Copied to the host at once (one synchronisation, as in RPGTrainer).
+        values = torch.cat(
+            [
+                totals[: len(TOKEN_MEAN_METRICS) + 1] / global_count,  # the token means, then `entropy`
+                torch.stack(
+                    [
+                        nan_extreme(extremes[:, 0], largest=False),
+                        nan_extreme(extremes[:, 1], largest=True),
+                        nan_extreme(extremes[:, 2], largest=True),
+                        nan_extreme(extremes[:, 3], largest=False),
+                    ]
+                ).to(totals.dtype),
+            ]
+        ).tolist()
+        keys = (*TOKEN_MEAN_METRICS, "entropy", "clip_ratio/low_min", "clip_ratio/high_max")
+        keys += ("importance_weight/max", "importance_weight/min")
+        for key, value in zip(keys, values, strict=True):
+            metrics[key].append(value)
 
         if sample_versions is not None:
             # Lag of the batch: the trainer's policy version (the main process keeps it; it is the one that logs)

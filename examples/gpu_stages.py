@@ -216,7 +216,7 @@ def summary(results: str) -> str:
             "| completion tokens | training | comparison | step time ratio | peak memory ratio | peak memory saved (MiB) |",
             "|---|---|---|---|---|---|",
         ]
-        losses = [""]
+        losses, breakdowns = [""], []
         for path in files:
             report = json.load(open(path))
             s = report["settings"]
@@ -237,7 +237,12 @@ def summary(results: str) -> str:
                 f"T={s['loss_length']}: RPG {loss['rpg_loss_s'] * 1e3:.2f} ms, GRPO {loss['grpo_loss_s'] * 1e3:.2f} ms, "
                 f"ratio {loss['ratio']:.3f}"
             )
-        lines += ratios + losses
+            if all("breakdown_s" in run for run in report["runs"].values()):  # bench-speed since 2026-11-26
+                from rpg_trl.tools.cli.bench_speed import breakdown_table
+
+                title = head.strip("| ").replace(" | ", " tokens, ")
+                breakdowns += ["", f"{title}:", "", breakdown_table(report["runs"])]
+        lines += ratios + losses + breakdowns
     text = "\n".join(lines) + "\n"
     with open(os.path.join(results, "summary.md"), "w") as f:
         f.write(text)

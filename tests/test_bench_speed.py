@@ -5,8 +5,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from rpg_trl.tools import cli
-from rpg_trl.tools.cli.bench_speed import add_arguments, settings
+from rpg_trl.tools.cli.bench_speed import PHASES, _PhaseTimer, add_arguments, settings
 from rpg_trl.tools.toy import make_fixed_rollout
 
 
@@ -75,9 +77,51 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
     assert runs["grpo-ref"]["weights_in_memory_bytes"] == 2 * runs["grpo-ref"]["model_weight_bytes"]
     for run in runs.values():
         assert run["step_time_s"] > 0 and run["peak_memory_bytes"] > 0
+        # Where the step's time goes: the phases add up to the step, and each one that every run has takes time.
+        phases = run["breakdown_s"]
+        assert list(phases) == list(PHASES)
+        assert sum(phases.values()) == pytest.approx(run["step_time_s"], rel=1e-9)
+        assert phases["rest of the step"] >= 0
+        for phase in ("scoring: policy log-probs", "scoring: rollout, rewards, rest", "forward and loss", "backward"):
+            assert phases[phase] > 0, phase
+        assert phases["optimizer step"] > 0
+    # Only the runs with a reference model spend time on its log-probs.
+    assert runs["rpg-sampling"]["breakdown_s"]["scoring: reference log-probs"] == 0
+    assert runs["grpo-ref"]["breakdown_s"]["scoring: reference log-probs"] > 0
+    assert runs["rpg-reference"]["breakdown_s"]["scoring: reference log-probs"] > 0
+    assert "| where a step's time goes (ms per step) | grpo-ref | rpg-sampling | rpg-reference |" in proc.stdout
     assert report["loss_only"]["ratio"] > 0
     # Where and when: the device, the versions and the date travel with the numbers.
     import torch
 
     assert report["environment"]["torch"] == torch.__version__ and report["environment"]["device_name"]
     assert report["environment"]["date_utc"][:4].isdigit() and report["environment"]["cuda"] is None
+
+
+def test_phase_timer_tells_the_reference_pass_of_a_peft_model(tmp_path):
+    """With LoRA, TRL scores the reference with the same model, its adapter disabled (or the "ref" adapter set)."""
+    from types import SimpleNamespace
+
+    from accelerate import Accelerator
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.trainer.utils import use_adapter
+
+    from rpg_trl.tools.toy import build_char_tokenizer
+    from rpg_trl.tools.toy.models import save_tiny_model
+
+    model = AutoModelForCausalLM.from_pretrained(save_tiny_model(tmp_path / "m", build_char_tokenizer()))
+    model = get_peft_model(model, LoraConfig(r=2, target_modules="all-linear"))
+    trainer = SimpleNamespace(ref_model=None, accelerator=Accelerator(cpu=True))
+    timer = _PhaseTimer.__new__(_PhaseTimer)
+    timer.trainer = trainer
+    assert not timer._is_reference(model)
+    with use_adapter(model, adapter_name=None):
+        assert timer._is_reference(model)
+    model.add_adapter("ref", LoraConfig(r=2, target_modules="all-linear"))
+    with use_adapter(model, adapter_name="ref"):
+        assert timer._is_reference(model)
+    assert not timer._is_reference(model)
+    other = object()
+    trainer.ref_model = other
+    assert timer._is_reference(other) and not timer._is_reference(model)

@@ -35,6 +35,18 @@ SCENARIOS = {
     "rpg-sampling": ("rpg", {"beta": 1e-4, "kl_anchor": "sampling"}),
     "rpg-reference": ("rpg", {"beta": 1e-4, "kl_anchor": "reference"}),
 }
+#: Where a step's time goes (`--breakdown` table): each phase timed between device synchronisations, averaged over the
+#: timed steps (the scoring, done once per generation, spread over its steps); "rest of the step" is the step time less
+#: the phases (TRL's input preparation and logging, the Trainer's bookkeeping, gradient clipping).
+PHASES = (
+    "scoring: policy log-probs",
+    "scoring: reference log-probs",
+    "scoring: rollout, rewards, rest",
+    "forward and loss",
+    "backward",
+    "optimizer step",
+    "rest of the step",
+)
 COMPARISONS = [
     ("(a) RPG sampling anchor vs GRPO beta>0", "rpg-sampling", "grpo-ref"),
     ("(b) RPG reference model vs GRPO beta>0", "rpg-reference", "grpo-ref"),
@@ -155,16 +167,24 @@ def _train_scenario(opts, workdir: Path) -> dict:
     )
 
     step_times: list[float] = []
+    phases = _PhaseTimer(trainer, use_cuda)
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            if use_cuda:
-                torch.cuda.synchronize()
+            phases.sync()
+            phases.new_step()
             self.start = time.perf_counter()
 
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            phases.sync()
+            self.optimizer_start = time.perf_counter()
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            phases.sync()
+            phases.add("optimizer step", time.perf_counter() - self.optimizer_start)
+
         def on_step_end(self, args, state, control, **kwargs):
-            if use_cuda:
-                torch.cuda.synchronize()
+            phases.sync()
             step_times.append(time.perf_counter() - self.start)
 
     trainer.add_callback(Timer())
@@ -174,6 +194,7 @@ def _train_scenario(opts, workdir: Path) -> dict:
     # Whole generation cycles are timed (`run` rounds to multiples of steps_per_generation), so the scoring work done
     # once per generation (old and reference log-probs) is spread over its steps as in a real run.
     step_time = statistics.fmean(step_times[opts.warmup :])
+    breakdown = phases.mean_per_step(opts.warmup, step_time)
     tokens = opts.batch_size * opts.completion_length * trainer.args.gradient_accumulation_steps
     models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
     return {
@@ -184,7 +205,95 @@ def _train_scenario(opts, workdir: Path) -> dict:
         "model_weight_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
         "weights_in_memory_bytes": sum(p.numel() * p.element_size() for m in models for p in m.parameters()),
         "has_ref_model": trainer.ref_model is not None,
+        "breakdown_s": breakdown,
     }
+
+
+class _PhaseTimer:
+    """Times the phases of [`PHASES`] in each optimizer step of `trainer` by wrapping, on the instance, TRL's scoring
+    (`_generate_and_score_completions`, and within it each log-prob pass, told apart by the model it runs: the
+    reference model, or the PEFT model with its adapter disabled or set to "ref"), `compute_loss` and the backward
+    pass; the optimizer step is added by the caller's callback."""
+
+    def __init__(self, trainer, use_cuda: bool):
+        self.trainer, self.use_cuda = trainer, use_cuda
+        self.steps: list[dict[str, float]] = []
+        self.scoring = False
+        self._wrap(trainer, "_generate_and_score_completions", self._scoring)
+        self._wrap(trainer, "_get_per_token_logps_and_entropies", self._logps)
+        self._wrap(trainer, "compute_loss", lambda call, args: self._timed("forward and loss", call))
+        self._wrap(trainer.accelerator, "backward", lambda call, args: self._timed("backward", call))
+
+    @staticmethod
+    def _wrap(owner, name, around):
+        inner = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            return around(lambda: inner(*args, **kwargs), args)
+
+        setattr(owner, name, wrapper)
+
+    def sync(self):
+        if self.use_cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def new_step(self):
+        self.steps.append(dict.fromkeys(PHASES, 0.0))
+
+    def add(self, phase: str, seconds: float):
+        if self.steps:
+            self.steps[-1][phase] += seconds
+
+    def _timed(self, phase, call):
+        self.sync()
+        start = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.sync()
+            self.add(phase, time.perf_counter() - start)
+
+    def _scoring(self, call, args):
+        self.scoring = True
+        self.sync()
+        start = time.perf_counter()
+        before = dict(self.steps[-1]) if self.steps else None
+        try:
+            return call()
+        finally:
+            self.scoring = False
+            self.sync()
+            elapsed = time.perf_counter() - start
+            if before is not None:
+                logps = sum(self.steps[-1][k] - before[k] for k in PHASES[:2])
+                self.add("scoring: rollout, rewards, rest", elapsed - logps)
+
+    def _logps(self, call, args):
+        if not self.scoring:  # the training forward pass: part of `compute_loss`
+            return call()
+        phase = PHASES[1] if self._is_reference(args[0]) else PHASES[0]
+        return self._timed(phase, call)
+
+    def _is_reference(self, model) -> bool:
+        trainer = self.trainer
+        if trainer.ref_model is not None:
+            return model is trainer.ref_model
+        inner = trainer.accelerator.unwrap_model(model)
+        if not hasattr(inner, "peft_config"):
+            return False
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layer = next((m for m in inner.modules() if isinstance(m, BaseTunerLayer)), None)
+        return layer is not None and (layer.disable_adapters or "ref" in layer.active_adapters)
+
+    def mean_per_step(self, warmup: int, step_time: float) -> dict[str, float]:
+        """Each phase's mean seconds per timed step (the steps after `warmup`); the rest is `step_time` less them."""
+        timed = self.steps[warmup:]
+        means = {phase: statistics.fmean(step[phase] for step in timed) for phase in PHASES[:-1]}
+        means[PHASES[-1]] = step_time - sum(means.values())
+        return means
 
 
 def _loss_only(opts) -> dict:
@@ -363,6 +472,9 @@ def run(opts) -> dict:
             "model_weight_bytes": results[0]["model_weight_bytes"],
             "weights_in_memory_bytes": results[0]["weights_in_memory_bytes"],
             "has_ref_model": results[0]["has_ref_model"],
+            "breakdown_s": {
+                phase: statistics.median(r["breakdown_s"][phase] for r in results) for phase in PHASES
+            },
         }
     loss = _loss_only(opts)
     report = {"settings": settings(opts), "environment": environment(opts.device), "runs": summary}
@@ -394,8 +506,8 @@ def run(opts) -> dict:
         saved = summary[den]["peak_memory_bytes"] - summary[num]["peak_memory_bytes"]
         report["ratios"][label] = {"step_time": t, "peak_memory": m, "peak_memory_saved_bytes": saved}
         lines.append(f"| {label} | {t:.3f} | {m:.3f} | {_mib(saved)} |")
+    lines += ["", breakdown_table(summary), ""]
     lines += [
-        "",
         f"(c) loss alone, B={opts.loss_batch}, T={opts.loss_length}: RPG {loss['rpg_loss_s'] * 1e3:.1f} ms, "
         f"GRPO {loss['grpo_loss_s'] * 1e3:.1f} ms, ratio {loss['ratio']:.3f}",
         f"one model's weights: {_mib(summary['grpo-ref']['model_weight_bytes'])} MiB",
@@ -405,6 +517,19 @@ def run(opts) -> dict:
     if opts.output_json:
         Path(opts.output_json).write_text(json.dumps(report, indent=2))
     return report
+
+
+def breakdown_table(runs: dict) -> str:
+    """Markdown: milliseconds per step of each phase of [`PHASES`] (rows) for each run (columns)."""
+    names = list(runs)
+    lines = [
+        "| where a step's time goes (ms per step) | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for phase in PHASES:
+        lines.append(f"| {phase} | " + " | ".join(f"{runs[n]['breakdown_s'][phase] * 1e3:.1f}" for n in names) + " |")
+    lines.append("| step | " + " | ".join(f"{runs[n]['step_time_s'] * 1e3:.1f}" for n in names) + " |")
+    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

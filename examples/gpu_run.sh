@@ -6,8 +6,9 @@
 #   e2e       examples/rpg_math.py under `accelerate launch --num_processes 1`, transformers generation (no vLLM), on a
 #             locally built ~31M-parameter Qwen3 (hidden 512 x 8 layers, random weights, character tokenizer; the tiny
 #             one in the dry run) and a small local math parquet in the authors' (verl) schema: 20 steps with
-#             checkpoints at 10 and 20, then a resume from checkpoint-10 to 20; checks that both logs show the RPG
-#             metrics (kl, clip_ratio/dual_mean, importance_weight/max) at every step.
+#             checkpoints at 10 and 20 (and the same run again, beside it: the yardstick of the resume, as two runs
+#             with one seed may differ on a GPU), then a resume from checkpoint-10 to 20; checks that the logs show the
+#             RPG metrics (kl, clip_ratio/dual_mean, importance_weight/max) at every step.
 #   tests     python -m pytest -q -m gpu tests/test_gpu.py on a ~0.5B Qwen3 (bf16 every divergence x estimator with
 #             gradient checkpointing, the reward rising, LoRA with the "ref" adapter sync, DeepSpeed ZeRO-2 and ZeRO-3
 #             under `accelerate launch`); fails if any test skips.
@@ -270,12 +271,18 @@ stage_e2e() {
     )
     local launcher=("$PY" -m accelerate.commands.launch --num_processes 1 --num_machines 1 --dynamo_backend no
         "${launch[@]}")
+    # The same run again, at the same time (the model is small: both fit the GPU side by side): how far two
+    # uninterrupted runs with one seed differ (CUDA's kernels are not all deterministic) is the yardstick of the resume.
+    limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e_repeat" \
+        > "$RESULTS/e2e_repeat.log" 2>&1 &
+    local repeat=$!
     limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e" 2>&1 |
         tee "$RESULTS/e2e_train.log"
+    wait "$repeat" || echo "gpu_run.sh: the repeated e2e run failed (exit status $?): see e2e_repeat.log" >&2
     limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e_resumed" \
         --resume_from_checkpoint "$WORK/e2e/checkpoint-10" 2>&1 | tee "$RESULTS/e2e_resume.log"
     limited "$PY" examples/gpu_stages.py e2e-check "$RESULTS" "$WORK"
-    rm -rf "$WORK/e2e" "$WORK/e2e_resumed"
+    rm -rf "$WORK/e2e" "$WORK/e2e_resumed" "$WORK/e2e_repeat"
 }
 
 # ---------------------------------------------------------------------------------------------------------- tests

@@ -308,4 +308,3 @@ class RPGTrainer(
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None and self.ref_sync_callback is not None:
             self.ref_sync_callback.load_checkpoint(self, checkpoint)
-

@@ -108,6 +108,20 @@ def test_e2e_check_reads_both_runs_and_measures_the_resume(tmp_path):
     summary = gpu_stages.e2e_check(str(results), str(work))
     assert (summary["steps"], summary["resumed_steps"], summary["max_abs_loss_difference_after_resume"]) == (20, 10, 0)
     assert summary["rewards"] == [0.5] * 10 and summary["checkpoint_bytes"] == 10 + 100 + 19
+    assert "max_abs_loss_difference_between_two_runs" not in summary  # no repeated run: no yardstick
+    # The repeated run (the yardstick of the resume): its loss differs from step 13 on, by at most 0.003.
+    repeat = [_step_log(i, **({"reward": 0.5} if i % 2 else {})) for i in range(1, 13)]
+    repeat += [
+        _step_log(i, **({"reward": 0.5} if i % 2 else {})).replace(
+            f"'loss': {0.01 * i}", f"'loss': {0.01 * i + 0.001 * (i % 4)}"
+        )
+        for i in range(13, 21)
+    ]
+    (results / "e2e_repeat.log").write_text("\n".join(repeat) + "\n")
+    summary = gpu_stages.e2e_check(str(results), str(work))
+    assert summary["first_step_two_runs_differ"] == 13
+    assert summary["max_abs_loss_difference_between_two_runs"] == pytest.approx(0.003)
+    assert "(between two uninterrupted runs: 0.003)" in gpu_stages.summary(str(results))
     (results / "e2e_resume.log").write_text("\n".join(steps[10:-1] + [steps[-1].replace("'kl': 0.001", "'kl': nan")]))
     with pytest.raises(AssertionError, match="kl"):
         gpu_stages.e2e_check(str(results), str(work))

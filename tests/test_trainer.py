@@ -77,7 +77,6 @@ def test_sequence_kl_metric_is_the_sum_of_token_terms_on_policy(tiny_model_dir, 
     assert trainer._metrics["eval"]["kl/sequence"][-1] == pytest.approx(expected, rel=1e-5)
 
 
-
 @pytest.mark.parametrize("kl_level", ["token", "sequence"])
 def test_the_loss_and_its_metrics_wait_for_the_device_once(tiny_model_dir, tmp_path, kl_level):
     """No `.item()`, `if` on a device value or boolean indexing in `_compute_loss` and its backward pass (on a GPU each
@@ -121,6 +120,7 @@ def test_the_loss_and_its_metrics_wait_for_the_device_once(tiny_model_dir, tmp_p
     # The counter is not blind: GRPOTrainer's loss on the same batch waits for each of its metrics.
     grpo = make_trainer(tiny_model_dir, tmp_path / "grpo", GRPOTrainer, GRPOConfig, beta=0.1)
     assert waits(grpo, inputs).count("_local_scalar_dense") >= 5
+
 
 def test_mean_reward_rises(tiny_model_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path, max_steps=20, logging_steps=5, steps_per_generation=2)

@@ -472,9 +472,7 @@ def run(opts) -> dict:
             "model_weight_bytes": results[0]["model_weight_bytes"],
             "weights_in_memory_bytes": results[0]["weights_in_memory_bytes"],
             "has_ref_model": results[0]["has_ref_model"],
-            "breakdown_s": {
-                phase: statistics.median(r["breakdown_s"][phase] for r in results) for phase in PHASES
-            },
+            "breakdown_s": {phase: statistics.median(r["breakdown_s"][phase] for r in results) for phase in PHASES},
         }
     loss = _loss_only(opts)
     report = {"settings": settings(opts), "environment": environment(opts.device), "runs": summary}

@@ -35,9 +35,9 @@ SCENARIOS = {
     "rpg-sampling": ("rpg", {"beta": 1e-4, "kl_anchor": "sampling"}),
     "rpg-reference": ("rpg", {"beta": 1e-4, "kl_anchor": "reference"}),
 }
-#: Where a step's time goes (the report's table of that name): each phase timed between device synchronisations, averaged over the
-#: timed steps (the scoring, done once per generation, spread over its steps); "rest of the step" is the step time less
-#: the phases (TRL's input preparation and logging, the Trainer's bookkeeping, gradient clipping).
+#: Where a step's time goes (the report's table of that name): each phase timed between device synchronisations,
+#: averaged over the timed steps (the scoring, done once per generation, spread over its steps); "rest of the step" is
+#: the step time less the phases (TRL's input preparation and logging, the Trainer's bookkeeping, gradient clipping).
 PHASES = (
     "scoring: policy log-probs",
     "scoring: reference log-probs",

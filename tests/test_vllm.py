@@ -534,6 +534,14 @@ def accelerate_launch(
         HF_DATASETS_OFFLINE="1",
         WANDB_DISABLED="true",
         TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"),  # empty: a DeepSpeed JIT build would show
+        # A colocated engine's sampler compiles two small helpers with torch.compile (inductor) in each new process,
+        # whatever enforce_eager says (`batched_count_greater_than` for the log-prob ranks, recompiled for new batch
+        # shapes, and `compiled_random_sample`): ~65 s of each 2-process colocated launch of 4 steps on 2 cores (its
+        # training took 70 s, 1.7 s eager). Eager here, as the tests already run vLLM's model (enforce_eager): the same
+        # counts and the same sampling distribution. Nothing else in these processes compiles (accelerate's
+        # --dynamo_backend no); the server (`trl vllm-serve`) and the colocated engines of the pytest process keep
+        # vLLM's compiled helpers.
+        TORCHDYNAMO_DISABLE="1",
         **env,
     )
     command = [sys.executable, "-m", "accelerate.commands.launch"]

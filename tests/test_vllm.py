@@ -535,12 +535,14 @@ def accelerate_launch(
         WANDB_DISABLED="true",
         TORCH_EXTENSIONS_DIR=str(tmp_path / "torch_extensions"),  # empty: a DeepSpeed JIT build would show
         # A colocated engine's sampler compiles two small helpers with torch.compile (inductor) in each new process,
-        # whatever enforce_eager says (`batched_count_greater_than` for the log-prob ranks, recompiled for new batch
-        # shapes, and `compiled_random_sample`): ~65 s of each 2-process colocated launch of 4 steps on 2 cores (its
-        # training took 70 s, 1.7 s eager). Eager here, as the tests already run vLLM's model (enforce_eager): the same
-        # counts and the same sampling distribution. Nothing else in these processes compiles (accelerate's
-        # --dynamo_backend no); the server (`trl vllm-serve`) and the colocated engines of the pytest process keep
-        # vLLM's compiled helpers.
+        # whatever enforce_eager says (`batched_count_greater_than`, recompiled for new batch shapes, and
+        # `compiled_random_sample`). Inductor compiles in subprocesses that inherit this environment, and each of them
+        # ran the vLLM stand-ins of tests/helpers/vllm_cpu_site (importing TRL's vLLM generation, vLLM and
+        # transformers, seconds each): a 2-process colocated launch of 4 steps took 92-95 s on 2 cores (its training
+        # 70 s), 28 s with the helpers eager. Eager here, as the tests already run vLLM's model (enforce_eager): the
+        # same counts and the same sampling distribution (another random stream). Nothing else in these processes
+        # compiles (accelerate's --dynamo_backend no); the server (`trl vllm-serve`) and the colocated engines of the
+        # pytest process keep vLLM's compiled helpers.
         TORCHDYNAMO_DISABLE="1",
         **env,
     )

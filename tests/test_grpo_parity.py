@@ -4,6 +4,7 @@ the metrics and the state are GRPOTrainer's on the same batch or the same run (t
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
@@ -108,6 +109,71 @@ def test_exact_kl_weight_equals_grpo_trainer_bias_corrected_k3_outside_the_trust
     rpg.loss_spec = rpg.loss_spec.replace(kl_clip_mode="clipped")
     with pytest.raises(AssertionError, match="gradient"):
         _assert_same(grpo, rpg, inputs)
+
+
+def _docs_gspo_batch():
+    """The batch of docs/trl_options.md (`importance_sampling_level`): 64 completions of 6 tokens, log w and log r
+    (a separate reference) drawn within ±0.3 of log π_old, A = 0; float64 (`tests/test_losses.py::wide_ratio_batch`,
+    seed 3, spread 0.3)."""
+    g = np.random.default_rng(3)
+    old = -g.uniform(0.5, 3.0, size=(64, 6))
+    lp = old + g.uniform(-0.3, 0.3, size=(64, 6))
+    ref = old + g.uniform(-0.3, 0.3, size=(64, 6))
+    return lp, old, ref
+
+
+def _gradient_on_given_logps(trainer, lp, old, ref):
+    """∂loss/∂log π_t of `trainer._compute_loss` (TRL's own code for `GRPOTrainer`) when the policy's per-token
+    log-probs are `lp`: the model's forward pass is replaced by a float64 leaf tensor, so the loss is evaluated
+    exactly on the given batch. A = 0: the gradient is the KL term's alone."""
+    b, t = lp.shape
+    logps = torch.tensor(lp, requires_grad=True)
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logps, torch.zeros(b, t).double(), None)
+    inputs = {
+        "prompt_ids": torch.full((b, 2), 3),
+        "prompt_mask": torch.ones(b, 2, dtype=torch.long),
+        "completion_ids": torch.full((b, t), 3),
+        "completion_mask": torch.ones(b, t, dtype=torch.long),
+        "advantages": torch.zeros(b, dtype=torch.float64),
+        "old_per_token_logps": torch.tensor(old),
+        "ref_per_token_logps": torch.tensor(ref),
+        "num_items_in_batch": torch.tensor(b * t),
+    }
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    try:
+        trainer._compute_loss(trainer.model, inputs).backward()
+    finally:
+        del trainer._get_per_token_logps_and_entropies
+    return logps.grad.numpy()
+
+
+def test_grpo_trainer_sequence_level_kl_gradient_is_each_tokens_own_plus_a_shared_push_down(tiny_model_dir, tmp_path):
+    # docs/trl_options.md, `importance_sampling_level`: under GSPO's ratio s = exp(mean_t log w_t), TRL 1.16 weights
+    # its bias-corrected k3 by s, so ∂loss/∂log π_t = β/N · s · [(1 − π_ref/π)_t + mean_t' k3_t']: the token's own k3
+    # gradient (no mean log r in it), plus a push-down that the whole sequence shares. On the docs' batch that moves
+    # 17 of the 384 tokens away from the reference (where the push-down outweighs the token's own pull up).
+    # RPGTrainer's KL keeps each token's own weight: urkl's gradient moves all 384 toward it.
+    lp, old, ref = _docs_gspo_batch()
+    shared = dict(beta=0.2, importance_sampling_level="sequence", loss_type="dapo", epsilon=0.2, epsilon_high=0.28)
+    grpo = make_trainer(tiny_model_dir, tmp_path / "g", GRPOTrainer, GRPOConfig, **shared)
+    assert grpo.args.use_bias_correction_kl
+    grad = _gradient_on_given_logps(grpo, lp, old, ref)
+    s = np.exp((lp - old).mean(-1, keepdims=True))
+    k3 = np.exp(ref - lp) - (ref - lp) - 1
+    expected = 0.2 / lp.size * s * ((1 - np.exp(ref - lp)) + k3.mean(-1, keepdims=True))
+    np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=0)
+    away = np.sign(-grad) != np.sign(ref - lp)
+    assert away.sum() == 17
+    # The tokens that move away are below the reference (their own term pulls them up) in sequences whose shared
+    # push-down is the larger.
+    assert (lp[away] < ref[away]).all()
+
+    rpg = make_trainer(tiny_model_dir, tmp_path / "r", kl_anchor="reference", **COINCIDING_RPG, **shared)
+    grad = _gradient_on_given_logps(rpg, lp, old, ref)
+    w = np.exp(lp - old)
+    np.testing.assert_allclose(grad, 0.2 / lp.size * w * (lp - ref), rtol=1e-10, atol=0)  # urkl: β·w·log ρ / N
+    assert (np.sign(-grad) == np.sign(ref - lp)).all()
 
 
 def test_uncorrected_k3_equals_grpo_trainer_without_bias_correction(tiny_model_dir, tmp_path):

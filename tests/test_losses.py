@@ -987,6 +987,67 @@ def test_sequence_importance_sampling_leaves_each_tokens_kl_its_own_weight(diver
     np.testing.assert_allclose(part_gspo, part_token, rtol=1e-9, atol=1e-15)
 
 
+#: docs/trl_options.md (`importance_sampling_level`): on the docs' batch, how many of the 384 tokens each KL weight
+#: moves away from the reference (A = 0, β = 0.2), whatever the importance-sampling level. Only urkl and ufkl per token
+#: (weights with the sign of the token's own log ρ) move none; fkl's −r raises every sampled token, rkl's
+#: w·(log ρ + 1) lowers every one with log ρ > −1, and over whole completions a token's weight is its KL-to-go.
+TOKENS_MOVED_AWAY = {
+    ("token", "urkl"): 0,
+    ("token", "ufkl"): 0,
+    ("token", "fkl"): 182,
+    ("token", "rkl"): 202,
+    ("sequence", "urkl"): 107,
+    ("sequence", "ufkl"): 103,
+}
+
+
+@pytest.mark.parametrize("importance_sampling_level", ["token", "sequence"])
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize(("kl_level", "divergence"), list(TOKENS_MOVED_AWAY))
+def test_which_kl_weights_move_every_token_toward_the_reference(kl_level, divergence, estimator, importance_sampling_level):
+    lp, old, ref, adv, mask = wide_ratio_batch(seed=3, spread=0.3)
+    kw = dict(divergence=divergence, estimator=estimator, beta=0.2, kl_level=kl_level)
+    _, grad, _ = grad_of(lp, old, ref, adv, mask, importance_sampling_level=importance_sampling_level, **kw)
+    # The sign, independently: per token −β·K/N with K from the closed forms; over whole completions the exact K_t.
+    if kl_level == "token":
+        expected = -closed_form_W(divergence, lp, old, ref, adv, 1.0)
+    else:
+        expected = sequence_K(divergence, lp, old, ref, mask)
+    assert (np.abs(expected) > 1e-6).all()  # no token near a sign change
+    np.testing.assert_array_equal(np.sign(grad), np.sign(expected))
+    assert (np.sign(-grad) != np.sign(ref - lp)).sum() == TOKENS_MOVED_AWAY[kl_level, divergence]
+
+
+def test_the_sequence_ratio_in_the_kl_weight_moved_a_third_of_the_tokens_away():
+    # CHANGELOG (0.2.0): 0.1.0 took each token's KL weight at the sequence's mean log w and mean log r, e.g. urkl's
+    # exp(mean log w)·(mean log ρ), whose sign is that of the sequence's mean log ρ for every token: on the docs' batch
+    # 140 of the 384 tokens have their own log ρ of the other sign, and moved away from the reference (0.2.0: 0).
+    lp, old, ref, _, _ = wide_ratio_batch(seed=3, spread=0.3)
+    log_rho = lp - ref
+    assert (np.sign(log_rho.mean(-1, keepdims=True)) != np.sign(log_rho)).sum() == 140
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_stopped_kl_weight_reads_the_clip_regions_of_the_sequence_ratio(estimator):
+    # kl_clip_mode="stopped" takes the KL gradient off the tokens whose reward term is clipped; under GSPO's weight the
+    # reward term's clip regions are those of the sequence ratio s = exp(mean log w): the KL part of the gradient is
+    # the exact per-token one on the sequences s leaves inside the trust region, 0 on every token of the others, so
+    # here GSPO's weight does reach the KL term (docs/trl_options.md).
+    lp, old, ref, _, mask = wide_ratio_batch(seed=3, spread=0.3)
+    g = np.random.default_rng(5)
+    lp = lp + g.uniform(-0.5, 0.5, size=(lp.shape[0], 1))  # some sequences' s outside [0.8, 1.28]
+    adv = g.normal(size=lp.shape[0])
+    kw = dict(divergence="urkl", estimator=estimator, beta=0.2, kl_clip_mode="stopped")
+    part = kl_part_of_gradient(lp, old, ref, adv, mask, importance_sampling_level="sequence", **kw)
+    s = np.exp((lp - old).mean(-1))
+    clipped = ((adv > 0) & (s > 1.28)) | ((adv < 0) & ((s < 0.8) | (s > 10.0)))
+    assert 10 < clipped.sum() < 54
+    exact = -closed_form_W("urkl", lp, old, ref, np.zeros_like(adv), 0.2) / mask.sum()
+    np.testing.assert_allclose(part, np.where(clipped[:, None], 0.0, exact), rtol=1e-9, atol=1e-15)
+    token_level = kl_part_of_gradient(lp, old, ref, adv, mask, importance_sampling_level="token", **kw)
+    assert not np.allclose(part, token_level)
+
+
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 def test_sequence_importance_sampling_with_the_kl_over_whole_completions(divergence, estimator):

@@ -182,3 +182,36 @@ def test_the_check_can_be_switched_off_and_its_floor_set(tiny_model_dir, tmp_pat
     floor = make_trainer(tiny_model_dir, tmp_path / "floor", beta=0.1, kl_anchor="reference", kl_drift_min_kl=0.5)
     assert floor.kl_drift_monitor.min_kl == 0.5
     # Bad values are refused at construction (tests/test_config.py::INVALID_CONFIGS).
+
+
+def test_the_last_period_is_evaluated_when_training_ends():
+    # KL 0.04, 0.26, 0.6, 1.5 per period: the second doubling is in the last period, which no later step closes.
+    batches = [{"kl": kl, "entropy": 0.5} for kl in (0.04, 0.26, 0.6, 1.5)]
+    monitor = KLDriftMonitor(8, clip_c=10.0, settings=SETTINGS)
+    warnings.simplefilter("error", KLDriftWarning)
+    assert feed(monitor, batches, steps_per_generation=8) == []
+    assert len(monitor.batches) == 3
+    with pytest.warns(KLDriftWarning, match="went 0.26, 0.6, 1.5"):
+        assert monitor.finish()
+    assert not monitor.finish()  # nothing more to evaluate, and it warns once
+
+
+def test_the_trainer_evaluates_the_last_period_when_train_returns(tiny_model_dir, tmp_path, monkeypatch):
+    from trl import GRPOTrainer
+
+    from helpers.tiny_runs import make_trainer
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, beta=0.1, kl_anchor="reference", steps_per_generation=8)
+
+    def training(self, *args, **kwargs):  # GRPOTrainer's training loop, as the monitor sees it: one log per step
+        self.model.train()
+        for step in range(1, 33):
+            self._metrics["train"]["kl"] = [(0.04, 0.26, 0.6, 1.5)[(step - 1) // 8]]
+            self.state.global_step = step
+            self.log({})
+        assert not self.kl_drift_monitor.warned  # the last period is still open
+        return "the output of train()"
+
+    monkeypatch.setattr(GRPOTrainer, "train", training)
+    with pytest.warns(KLDriftWarning, match="went 0.26, 0.6, 1.5"):
+        assert trainer.train() == "the output of train()"

@@ -4,6 +4,8 @@
 # that held (false alarms):
 #   python docs/results/replay_kl_drift.py runs/kl3   (the output folder of `rpg-trl bench-algos --tables kl kl_sweep`)
 #   python docs/results/replay_kl_drift.py docs/results/kl3_2026-11-26   (the committed results and logged metrics)
+# With --at-end the monitor also evaluates each run's last period when its log ends, as the trainers do since the
+# drift warning's figures were reported (the replay of the protocol, as fixed before the runs, does not).
 import json
 import os
 import sys
@@ -12,7 +14,8 @@ import warnings
 from rpg_trl.reliability.kl_drift import KLDriftMonitor
 
 
-folder = sys.argv[1]
+at_end = "--at-end" in sys.argv[1:]
+folder = next(arg for arg in sys.argv[1:] if arg != "--at-end")
 report = json.load(open(os.path.join(folder, "results.json")))
 logged_path = os.path.join(folder, "logged_metrics.json")
 logged = json.load(open(logged_path)) if os.path.exists(logged_path) else None
@@ -35,6 +38,8 @@ for table in ("kl", "kl_sweep"):
             for entry in history(run):
                 if "kl" in entry and monitor.observe(entry, entry["step"]) and when is None:
                     when = entry["step"]
+            if at_end and monitor.finish() and when is None:
+                when = "the end"
         name = f"{table} / {run['arm']} / β {run['beta']:g} / lr {run['learning_rate']:g} / seed {run['seed']}"
         rows.append((run["collapsed"], run["kl_to_warm_start"] > 1.0, monitor.warned, when, name))
 groups = (

@@ -6,8 +6,9 @@ it does not, the logged metrics show it before the rewards do (docs/bench_algos.
 reference, which levels off within a few generation batches when it holds, keeps multiplying, and the importance
 weights π_θ/π_old reach far beyond the dual-clip bound c. [`KLDriftMonitor`] watches the trainer's logged `kl`,
 `entropy` and `importance_weight/max`, averaged per generation batch (periods of at least [`MIN_PERIOD_STEPS`]
-optimizer steps), and warns once per run when, leaving out the first period (the KL to a fresh reference rises from 0
-there) and only while the latest period's mean KL is at least a floor (`kl_drift_min_kl`, default [`KL_FLOOR`]: a
+optimizer steps; a period is evaluated when the next one starts, and the last one, however short, when `train()`
+ends), and warns once per run when, leaving out the first period (the KL to a fresh reference rises from 0 there) and
+only while the latest period's mean KL is at least a floor (`kl_drift_min_kl`, default [`KL_FLOOR`]: a
 KL that small is no drift, whatever its growth),
 
 * the mean `kl` grew by a factor [`KL_GROWTH`] or more at each of two consecutive periods, or
@@ -103,6 +104,15 @@ class KLDriftMonitor:
             value = logs.get(key)
             if isinstance(value, (int, float)) and math.isfinite(value):
                 self._values.setdefault(key, []).append(float(value))
+        return self._check()
+
+    def finish(self) -> bool:
+        """Evaluate the last period, which no later step closes (training has ended; it may be shorter than the
+        others); return whether it warned. Without values since the last period ended, nothing changes."""
+        if self._current is None:
+            return False
+        self._finish()
+        self._current = None
         return self._check()
 
     def _finish(self) -> None:
@@ -208,6 +218,12 @@ class KLDriftMonitorMixin:
                 },
                 min_kl=getattr(config, "kl_drift_min_kl", KL_FLOOR),
             )
+
+    def train(self, *args, **kwargs):
+        output = super().train(*args, **kwargs)
+        if self.kl_drift_monitor is not None:
+            self.kl_drift_monitor.finish()  # the last period: no later step closes it
+        return output
 
     def log(self, logs, start_time=None):
         if self.kl_drift_monitor is not None and self.model.training:

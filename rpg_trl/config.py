@@ -32,6 +32,7 @@ from .losses import (
     kl_sign_message,
 )
 from .reliability.kl_drift import KL_FLOOR
+from .reliability.process_failure import MAIN_EXIT_TIMEOUT
 
 
 KL_ANCHORS = ("sampling", "reference")
@@ -195,6 +196,16 @@ class RPGLossArguments:
             f"period) is below this value, whatever its growth. Default {KL_FLOOR}."
         },
     )
+    main_process_exit_timeout: float = field(
+        default=MAIN_EXIT_TIMEOUT,
+        metadata={
+            "help": "Multi-process runs: seconds that the other processes, once the main process has reported a failure "
+            "(e.g. of the vLLM server), wait for it to end before they end themselves; the launcher then ends the "
+            "main process, cutting short its cleanup (`finally` blocks, trackers, `atexit` handlers) and possibly "
+            f"its traceback. Default {MAIN_EXIT_TIMEOUT:g} (rpg_trl.reliability.process_failure); raise it when the "
+            "main process needs longer to clean up (e.g. a tracker that uploads on exit)."
+        },
+    )
 
     #: How the loss specification's fields are spelled in the configuration, for error messages.
     _LOSS_SPEC_NAMES = {"clip": "rpg_clip", "epsilon_low": "epsilon"}
@@ -241,6 +252,12 @@ class RPGLossArguments:
         if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0.0 <= floor < math.inf:
             raise ValueError(
                 f"`kl_drift_min_kl` must be a finite number >= 0 (a KL in nats per token); got {floor!r}."
+            )
+        timeout = self.main_process_exit_timeout
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.0 < timeout < math.inf:
+            raise ValueError(
+                f"`main_process_exit_timeout` must be a finite number of seconds > 0 (default {MAIN_EXIT_TIMEOUT:g}); "
+                f"got {timeout!r}."
             )
 
     def check_kl_anchor(self, *, reference_requested: bool = False, reason: str = "") -> None:
@@ -470,6 +487,10 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             `False` turns the check off.
         kl_drift_min_kl (`float`, *optional*, defaults to `0.01`):
             The drift warning's floor: no warning while the period's mean KL to the reference is below it.
+        main_process_exit_timeout (`float`, *optional*, defaults to `60.0`):
+            Multi-process runs: seconds the other processes wait, after the main process reported a failure (e.g. of
+            the vLLM server), for it to end before they end themselves and the launcher ends it (its cleanup and
+            traceback may then be cut short). Raise it when the main process needs longer to clean up.
         kl_target (`float` or `None`, *optional*, defaults to `None`):
             δ: an adaptive β (Ziegler et al., 2019; [`~rpg_trl.kl_control.AdaptiveKLCallback`]) that holds RPG's
             importance-weighted KL estimate (`kl`, or `kl/sequence` with `kl_level="sequence"`) near δ, starting from

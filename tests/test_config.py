@@ -53,6 +53,7 @@ INVALID_CONFIGS = [
     (RPGConfig, dict(kl_drift_warning="yes"), "`kl_drift_warning` must be True or False; got 'yes'"),
     (RPGConfig, dict(kl_drift_min_kl=-0.1), "`kl_drift_min_kl` must be a finite number >= 0"),
     (RPGConfig, dict(kl_drift_min_kl=float("nan")), "`kl_drift_min_kl` must be a finite number >= 0"),
+    (RPGConfig, dict(main_process_exit_timeout=0), "`main_process_exit_timeout` must be a finite number of seconds > 0"),
     # reference sync
     (RPGConfig, dict(sync_ref_model=True, kl_anchor="sampling"), "`sync_ref_model=True` needs a reference model"),
     (
@@ -126,6 +127,7 @@ INVALID_CONFIGS = [
     (AsyncRPGConfig, dict(rpg_clip="yes"), "`rpg_clip` must be a bool"),
     (AsyncRPGConfig, dict(kl_drift_warning=1), "`kl_drift_warning` must be True or False"),
     (AsyncRPGConfig, dict(kl_drift_min_kl=float("inf")), "`kl_drift_min_kl` must be a finite number >= 0"),
+    (AsyncRPGConfig, dict(main_process_exit_timeout=float("inf")), "`main_process_exit_timeout` must be a finite"),
     (AsyncRPGConfig, dict(kl_anchor="reference", beta=0.0), "`kl_anchor='reference'` with `beta=0`"),
     (AsyncRPGConfig, dict(kl_anchor="initial"), "`kl_anchor` must be one of"),
     (AsyncRPGConfig, dict(kl_importance_weight=False, divergence="fkl"), "`kl_importance_weight=False` is the"),

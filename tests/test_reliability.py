@@ -151,6 +151,27 @@ def test_without_a_record_what_transformers_writes_is_checked_and_the_resuming_r
     assert f"Resuming from {committed} with 2 process(es), but it was written by 1: " in warning
 
 
+def test_without_a_record_rng_files_of_one_process_and_of_several_are_named(tmp_path, caplog):
+    """A GRPOTrainer checkpoint (no commit record) that holds rng_state.pth beside stale rng_state_0.pth and
+    rng_state_1.pth (a save by one process into a folder that a 2-process save had left): a resume with 2 processes
+    (which loads the per-rank files) or 1 (rng_state.pth) warns, naming the files."""
+    state = ["model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json"]
+    both = _folder(tmp_path, 4, [*state, "rng_state.pth", "rng_state_0.pth", "rng_state_1.pth"])
+    assert checkpoint_problems(both) == []
+    for world_size, loaded in ((2, "rng_state_0.pth, rng_state_1.pth"), (1, "rng_state.pth")):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert resolve_resume_checkpoint(True, str(tmp_path), world_size) == both
+        (warning,) = rpg_warnings(caplog)
+        assert f"Resuming from {both} with {world_size} process(es): it holds rng_state.pth " in warning
+        assert "and rng_state_0.pth, rng_state_1.pth (of a save by several)" in warning
+        assert f"This resume loads {loaded}, which may be the stale one" in warning
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # one layout only: nothing to say
+        resolve_resume_checkpoint(_folder(tmp_path / "one", 4, [*state, "rng_state.pth"]), "x", world_size=1)
+    assert rpg_warnings(caplog) == []
+
+
 def _saver(tmp_path, **args):
     """The parts of a trainer that the commit uses, for 1 process."""
     defaults = dict(should_save=True, world_size=1, process_index=0, save_only_model=False)
@@ -552,6 +573,132 @@ def test_a_watcher_whose_store_fails_says_so_and_the_main_process_does_not_wait_
         assert "1 of 1 watching process(es) did not take note of the failure within 0 s" in caplog.text
     watcher.stop()  # idempotent after the thread ended
     process_failure._POSTED.clear()
+
+
+def test_the_failure_watcher_runs_while_the_trainer_may_use_the_server(monkeypatch):
+    """The watcher of process 1 runs during `train()` and, after it, during `evaluate()` and `predict()` (which generate
+    with the server too); an evaluation inside `train()` leaves it running; each outermost call stops it and withdraws
+    it from the main process's count when it ends."""
+    from rpg_trl.reliability import ReliabilityMixin
+
+    store = _Store()
+    monkeypatch.setattr(process_failure, "_default_store", lambda: store)
+    monkeypatch.setattr(process_failure, "WATCH_INTERVAL", 0.01)
+
+    class Loop:  # the trainer's own loops, as far as the watcher is concerned
+        def train(self, **kwargs):
+            during_evaluation = self.evaluate()  # eval_strategy: an evaluation inside training
+            return during_evaluation and self._rpg_failure_watcher.running
+
+        def evaluate(self):
+            return self._rpg_failure_watcher.running and store.values[f"{self._rpg_failure_key}/watchers"] == 1
+
+        predict = evaluate
+
+    trainer_class = type("Trainer", (ReliabilityMixin, Loop), {})
+    trainer = trainer_class.__new__(trainer_class)  # no __init__: only the loops and the watcher
+    trainer.accelerator = _stub_trainer(1).accelerator
+    trainer.args = SimpleNamespace(output_dir="unused", world_size=2)  # no resume: no checkpoint is looked for
+    watcher = trainer._rpg_failure_watcher = process_failure.FailureWatcher(trainer, "the vLLM server", "X")
+    for call in (trainer.train, trainer.evaluate, trainer.predict, trainer.evaluate):
+        assert call() is True, call
+        assert not watcher.running and store.values[f"{watcher.key}/watchers"] == 0
+    process_failure._WATCHERS.clear()
+
+
+def test_the_other_process_waits_main_process_exit_timeout_and_names_it(monkeypatch, capsys):
+    """After the main process's failure, process 1 waits `args.main_process_exit_timeout` seconds (here 0.2) for the
+    main process to end; then it ends itself, saying the option that would have let the main process finish."""
+    store = _Store()
+    monkeypatch.setattr(process_failure, "_default_store", lambda: store)
+    monkeypatch.setattr(process_failure, "WATCH_INTERVAL", 0.01)
+    monkeypatch.setattr(process_failure, "EXIT_GRACE", 0.0)
+    exits = []
+    monkeypatch.setattr(process_failure.os, "_exit", lambda status: exits.append(status))
+    monkeypatch.setattr(process_failure, "_hold_uncaught_exceptions", lambda: None)
+    other = _stub_trainer(1)
+    other.args = SimpleNamespace(main_process_exit_timeout=0.2)
+    watcher = process_failure.FailureWatcher(other, "the vLLM server", "VLLMServerError")
+    assert watcher.main_exit_timeout == 0.2
+    assert watcher.start()
+    main = _stub_trainer(0)
+    main._rpg_failure_key = watcher.key
+    started = time.monotonic()
+    process_failure.tell_other_processes(main, "the server failed (test)")
+    watcher._thread.join(timeout=10)
+    assert 0.2 <= time.monotonic() - started < 5 and exits[0] == 1
+    err = capsys.readouterr().err
+    assert "Process 1: the main process did not end within 0.2 s of the failure (main_process_exit_timeout=0.2)" in err
+    assert "Raise main_process_exit_timeout in the config" in err
+    process_failure._POSTED.clear()
+    process_failure._WATCHERS.clear()
+
+
+class _FailingStore(_Store):
+    """A store whose calls on keys ending in one of `failing` raise, as a store server that went away."""
+
+    def __init__(self, failing, values=None):
+        super().__init__(values=values)
+        self.failing = failing
+
+    def _maybe_fail(self, key):
+        if key.endswith(self.failing):
+            raise RuntimeError("Connection closed by peer (test)")
+
+    def add(self, key, amount):
+        self._maybe_fail(key)
+        return super().add(key, amount)
+
+    def set(self, key, value):
+        self._maybe_fail(key)
+        super().set(key, value)
+
+
+def test_store_calls_whose_failure_costs_time_are_named(monkeypatch, caplog):
+    """Where a failed store call makes another process wait longer, a warning says so: the main process's mark of its
+    exit (the others then wait main_process_exit_timeout, not EXIT_GRACE), a watcher's note of the failure (the main
+    process then waits NOTICE_TIMEOUT) and a watcher's withdrawal (the same)."""
+    monkeypatch.setattr(process_failure, "WATCH_INTERVAL", 0.01)
+    monkeypatch.setattr(process_failure, "EXIT_GRACE", 0.0)
+    monkeypatch.setattr(process_failure, "NOTICE_TIMEOUT", 0.2)
+    monkeypatch.setattr(process_failure, "_hold_uncaught_exceptions", lambda: None)
+    monkeypatch.setattr(process_failure.os, "_exit", lambda status: None)
+    caplog.set_level(logging.WARNING, logger="rpg_trl.reliability.process_failure")
+
+    monkeypatch.setattr(process_failure, "_POSTED", [(_FailingStore(("/main_exited",)), "rpg_trl/failure/test")])
+    process_failure._mark_exits()
+    (warning,) = rpg_warnings(caplog)
+    assert "could not mark its exit for the other processes" in warning and "rpg_trl/failure/test" in warning
+    assert "wait up to main_process_exit_timeout (default 60 s) after the failure instead of 0 s" in warning
+
+    caplog.clear()
+    store = _FailingStore(("/noted",))
+    monkeypatch.setattr(process_failure, "_default_store", lambda: store)
+    other = _stub_trainer(1)
+    other.args = SimpleNamespace(main_process_exit_timeout=0.05)
+    watcher = process_failure.FailureWatcher(other, "the vLLM server", "VLLMServerError")
+    assert watcher.start()
+    main = _stub_trainer(0)
+    main._rpg_failure_key = watcher.key
+    monkeypatch.setattr(process_failure, "_default_store", lambda: _Store(values=store.values))  # the main's client
+    process_failure.tell_other_processes(main, "the server failed (test)")
+    watcher._thread.join(timeout=10)
+    messages = rpg_warnings(caplog)
+    assert any("Process 1 could not tell the main process that it took note of the failure" in m for m in messages)
+    assert any("1 of 1 watching process(es) did not take note" in m for m in messages)  # it waited NOTICE_TIMEOUT
+
+    caplog.clear()
+    store = _FailingStore(("/watchers",), values={})
+    store.failing = ()  # registers, then fails on the withdrawal
+    monkeypatch.setattr(process_failure, "_default_store", lambda: store)
+    watcher = process_failure.FailureWatcher(_stub_trainer(1), "the vLLM server", "VLLMServerError")
+    assert watcher.start()
+    store.failing = ("/watchers",)
+    watcher.stop()
+    (warning,) = rpg_warnings(caplog)
+    assert "Process 1 could not withdraw its failure watcher" in warning and "waits up to 0.2 s" in warning
+    process_failure._POSTED.clear()
+    process_failure._WATCHERS.clear()
 
 
 def test_two_trainers_in_one_process_group_have_their_own_failure_record(monkeypatch):

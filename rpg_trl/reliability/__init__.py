@@ -53,10 +53,20 @@ class ReliabilityMixin(CommittedCheckpointsMixin):
         watch_for_server_failure(self)  # ... and every process stops, naming it, when it fails mid-request
 
     def train(self, *args, **kwargs):
-        # The failure watcher (vLLM server mode, processes other than the main one) is stopped and joined when training
-        # ends, before the script destroys the process group and the interpreter shuts down.
+        # The failure watcher (vLLM server mode, processes other than the main one) runs while the trainer may use the
+        # server, and is stopped and joined when the outermost of train(), evaluate() and predict() ends, before the
+        # script destroys the process group and the interpreter shuts down.
         with watching(self):
             return super().train(*args, **kwargs)
+
+    def evaluate(self, *args, **kwargs):
+        # An evaluation after training generates with the server too: a server that dies then reaches every process.
+        with watching(self):
+            return super().evaluate(*args, **kwargs)
+
+    def predict(self, *args, **kwargs):
+        with watching(self):
+            return super().predict(*args, **kwargs)
 
     def _generate_single_turn(self, *args, **kwargs):
         # vLLM server mode: a dead or failing server is named with its URL (health probe first, bounded time).

@@ -26,7 +26,8 @@ each incomplete folder with a warning that names it and what it lacks; a checkpo
 incomplete is refused with an error listing what is missing. A folder without a commit record was written by a
 trainer that does not commit (TRL's `GRPOTrainer`, `transformers`' `Trainer`): it counts as complete when it holds
 what `transformers` writes, as far as the folder tells ([`checkpoint_problems`]); the resuming processes that find no
-RNG file of their own are named in a warning.
+RNG file of their own are named in a warning, and so are RNG files of a save by one process and of a save by several
+side by side (one set is stale).
 
 A full disk during a save stops the run with a [`DiskFullError`] naming the checkpoint folder and the file being
 written; that folder stays marked incomplete, and the previous checkpoint complete. What these guarantee, and the
@@ -257,6 +258,24 @@ def unlisted_files(checkpoint: str, record: dict) -> list[str]:
     return sorted(found)
 
 
+def _warn_on_two_rng_layouts(checkpoint: str, world_size: int) -> None:
+    """A checkpoint without a commit record that holds both `rng_state.pth` (a save by one process) and
+    `rng_state_{rank}.pth` files (a save by several): one of the two sets was left by an earlier save into the same
+    folder, and nothing tells which; a warning names the files and those this resume loads."""
+    ranks = sorted(_rng_ranks(checkpoint))
+    if not ranks or not os.path.isfile(os.path.join(checkpoint, "rng_state.pth")):
+        return
+    per_rank = ", ".join(f"rng_state_{rank}.pth" for rank in ranks)
+    loaded = [name for name in _rng_files(world_size) if os.path.isfile(os.path.join(checkpoint, name))]
+    logger.warning(
+        f"Resuming from {checkpoint} with {world_size} process(es): it holds rng_state.pth (the RNG state of a save by "
+        f"one process) and {per_rank} (of a save by several), and no commit record ({COMMIT_RECORD}) that says which "
+        "save it is: one of the two was left by an earlier save into the same folder. This resume loads "
+        f"{', '.join(loaded) or 'none of them'}, which may be the stale one, so the resumed run may not be an exact "
+        "continuation. Delete the RNG files of the earlier save (those older than trainer_state.json), then resume."
+    )
+
+
 def _check_resume_processes(checkpoint: str, world_size: int) -> None:
     """The resume with `world_size` processes against the checkpoint's commit record: files that the commit does not
     list (stale files of an earlier save or upload into the folder, which the resume could load as this run's state:
@@ -283,6 +302,8 @@ def _check_resume_processes(checkpoint: str, world_size: int) -> None:
             )
     if record.get("save_only_model"):
         return
+    if not record:  # no commit record: nothing tells which files belong to the save
+        _warn_on_two_rng_layouts(checkpoint, world_size)
     written = record.get("world_size") if record.get("complete") else None
     missing = [name for name in _rng_files(world_size) if not os.path.isfile(os.path.join(checkpoint, name))]
     if written and written != world_size:

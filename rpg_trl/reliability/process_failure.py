@@ -12,14 +12,18 @@ ends. Here:
    error and then waits for the main process to end: the main process marks its exit in the store from its last
    `atexit` handler; the watcher then gives the launcher [`EXIT_GRACE`] seconds to end the job (`torchrun` and
    `accelerate launch` see the main process's failure first and name it), and ends its process with status 1 if it is
-   still running. If the main process has not ended [`MAIN_EXIT_TIMEOUT`] seconds after the post, the watcher ends its
-   process anyway: every process stops within a bound;
-3. a watcher is stopped and joined at the end of `train()` and, at the latest, by an `atexit` handler that runs before
-   the process group is destroyed: no thread of the trainer is left inside a call to the store while the interpreter
+   still running. If the main process has not ended `main_process_exit_timeout` seconds (a field of the trainer's
+   config, default [`MAIN_EXIT_TIMEOUT`]) after the post, the watcher ends its process anyway, saying so: every process
+   stops within a bound, and a main process whose cleanup takes longer is ended by the launcher;
+3. a watcher runs while the trainer may use the server: during `train()`, `evaluate()` and `predict()` ([`watching`],
+   which nests); it is stopped and joined when the outermost of them returns and, at the latest, by an `atexit` handler
+   that runs before the process group is destroyed: no thread of the trainer is left inside a call to the store while the interpreter
    shuts down (a daemon thread that returns from C++ into a finalizing interpreter is ended by `pthread_exit`, which
    aborts the process: "terminate called without an active exception", SIGABRT, after a run that finished).
 
-A watcher whose store fails says so in a warning and deregisters, so the main process does not wait for its note. Each
+A watcher whose store fails says so in a warning and deregisters, so the main process does not wait for its note; a
+store call whose failure costs time (a note or a mark the other side then waits for in vain) is named in a warning too.
+Each
 trainer has its own key (trainers are numbered in the order a process builds them, the same on every process), so two
 trainers in one process group do not count each other's watchers.
 """
@@ -46,7 +50,8 @@ FAILURE_KEY = "rpg_trl/failure"
 WATCH_INTERVAL = 0.5
 #: Seconds the main process waits, at most, for every watcher to take note of a failure before it raises.
 NOTICE_TIMEOUT = 10.0
-#: Seconds a watcher that took note of a failure waits for the main process to end before it ends its own process.
+#: Seconds a watcher that took note of a failure waits for the main process to end before it ends its own process (the
+#: default of the config field `main_process_exit_timeout`).
 MAIN_EXIT_TIMEOUT = 60.0
 #: Seconds a watcher waits, once the main process has marked its exit, for the launcher to end the job.
 EXIT_GRACE = 5.0
@@ -94,6 +99,10 @@ class FailureWatcher:
     def __init__(self, trainer, subject: str, error_name: str):
         self.key = failure_key(trainer)
         self.rank = trainer.accelerator.process_index
+        #: Seconds to wait for the main process to end after its failure (`args.main_process_exit_timeout`).
+        self.main_exit_timeout = float(
+            getattr(getattr(trainer, "args", None), "main_process_exit_timeout", None) or MAIN_EXIT_TIMEOUT
+        )
         self.subject, self.error_name = subject, error_name
         self.seen = threading.Event()
         self._stop = threading.Event()
@@ -148,8 +157,14 @@ class FailureWatcher:
         """The main process no longer waits for this watcher's note (once)."""
         if self._registered:
             self._registered = False
-            with contextlib.suppress(Exception):
+            try:
                 self._store.add(f"{self.key}/watchers", -1)
+            except Exception as exc:  # noqa: BLE001 - any store error: the main process would wait for a note in vain
+                logger.warning(
+                    f"Process {self.rank} could not withdraw its failure watcher from the process group's store "
+                    f"({type(exc).__name__}: {exc}): if the main process reports a failure, it waits up to "
+                    f"{NOTICE_TIMEOUT:g} s for this process's note before it raises."
+                )
 
     def _watch(self) -> None:
         store = self._store
@@ -173,19 +188,30 @@ class FailureWatcher:
         sys.stderr.write(f"{self.error_name} on process {self.rank}: {message}\n")
         sys.stderr.flush()
         sys.stdout.flush()
-        with contextlib.suppress(Exception):
+        try:
             store.add(f"{self.key}/noted", 1)
-        deadline = time.monotonic() + MAIN_EXIT_TIMEOUT
+        except Exception as exc:  # noqa: BLE001 - the main process then waits NOTICE_TIMEOUT for this note
+            logger.warning(
+                f"Process {self.rank} could not tell the main process that it took note of the failure "
+                f"({type(exc).__name__}: {exc}): the main process waits up to {NOTICE_TIMEOUT:g} s for it."
+            )
+        timeout = self.main_exit_timeout
+        deadline = time.monotonic() + timeout
         try:
             while not store.check([f"{self.key}/main_exited"]) and time.monotonic() < deadline:
                 time.sleep(WATCH_INTERVAL)
-        except Exception:  # noqa: BLE001 - the store went with the main process (a store it hosted): it has ended
-            pass
+        except Exception as exc:  # noqa: BLE001 - the store went with the main process (a store it hosted): it has ended
+            logger.info(
+                f"Process {self.rank}: the process group's store stopped answering ({type(exc).__name__}: {exc}); "
+                f"taken as the end of the main process, which hosts it. This process ends in {EXIT_GRACE:g} s."
+            )
         else:
             if time.monotonic() >= deadline:
                 sys.stderr.write(
-                    f"Process {self.rank}: the main process did not end within {MAIN_EXIT_TIMEOUT:.0f} s of the "
-                    "failure; this process ends now.\n"
+                    f"Process {self.rank}: the main process did not end within {timeout:g} s of the failure "
+                    f"(main_process_exit_timeout={timeout:g}); this process ends now, and the launcher ends the main "
+                    "process, cutting its cleanup short. Raise main_process_exit_timeout in the config if the main "
+                    "process needs longer to clean up (its `finally` blocks, trackers and `atexit` handlers).\n"
                 )
                 sys.stderr.flush()
                 os._exit(1)
@@ -249,9 +275,18 @@ def tell_other_processes(trainer, message: str) -> None:
 
 def _mark_exits() -> None:
     """Mark, for the watchers, that this process (a main process that posted a failure) is ending."""
+    failed = []
     for store, key in _POSTED:
-        with contextlib.suppress(Exception):
+        try:
             store.set(f"{key}/main_exited", "1")
+        except Exception as exc:  # noqa: BLE001 - any store error: the others then wait their longer bound
+            failed.append(f"{key} ({type(exc).__name__}: {exc})")
+    if failed:
+        logger.warning(
+            f"The main process could not mark its exit for the other processes in the process group's store "
+            f"({'; '.join(failed)}): they wait up to main_process_exit_timeout (default {MAIN_EXIT_TIMEOUT:g} s) "
+            f"after the failure instead of {EXIT_GRACE:g} s after this exit, unless the launcher ends them first."
+        )
 
 
 # Registered when the module is first imported, before a trainer (and its trackers) registers anything: it runs after
@@ -261,16 +296,22 @@ atexit.register(_mark_exits)
 
 @contextlib.contextmanager
 def watching(trainer):
-    """Around `train()`: the trainer's watcher (if it has one) runs, and is stopped and joined when `train()` ends."""
+    """Around `train()`, `evaluate()` and `predict()` (every call in which the trainer may use the server): the
+    trainer's watcher (if it has one) runs, and is stopped and joined when the outermost such call ends (an evaluation
+    inside `train()` leaves it running)."""
     watcher = getattr(trainer, "_rpg_failure_watcher", None)
     if watcher is None:
         yield
         return
-    watcher.start()
+    depth = getattr(trainer, "_rpg_watch_depth", 0)
+    trainer._rpg_watch_depth = depth + 1
+    if depth == 0:
+        watcher.start()
     try:
         yield
     finally:
-        if not watcher.seen.is_set():
+        trainer._rpg_watch_depth = depth
+        if depth == 0 and not watcher.seen.is_set():
             watcher.stop()
 
 

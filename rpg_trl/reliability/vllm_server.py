@@ -233,7 +233,8 @@ def watch_for_server_failure(trainer, url: str | None = None) -> bool:
     the vLLM server failed ([`tell_other_processes`]), this process logs that message (the server's URL and the cause)
     as its own error, waits for the main process to report and end, and then ends with status 1. Meanwhile it waits for
     the server's answer in a collective that nothing else ends (TRL broadcasts the completions from the main process).
-    The trainers stop and join the watcher when `train()` ends. `url`: the server of a trainer that is not in TRL's
+    The trainers run the watcher during `train()`, `evaluate()` and `predict()` and stop and join it when the outermost
+    of them ends. `url`: the server of a trainer that is not in TRL's
     server mode (the asynchronous trainer's weight sync). Returns whether a watcher was started."""
     accelerator = trainer.accelerator
     if url is None and not uses_vllm_server(trainer):

@@ -53,7 +53,11 @@ INVALID_CONFIGS = [
     (RPGConfig, dict(kl_drift_warning="yes"), "`kl_drift_warning` must be True or False; got 'yes'"),
     (RPGConfig, dict(kl_drift_min_kl=-0.1), "`kl_drift_min_kl` must be a finite number >= 0"),
     (RPGConfig, dict(kl_drift_min_kl=float("nan")), "`kl_drift_min_kl` must be a finite number >= 0"),
-    (RPGConfig, dict(main_process_exit_timeout=0), "`main_process_exit_timeout` must be a finite number of seconds > 0"),
+    (
+        RPGConfig,
+        dict(main_process_exit_timeout=0),
+        "`main_process_exit_timeout` must be a finite number of seconds > 0",
+    ),
     # reference sync
     (RPGConfig, dict(sync_ref_model=True, kl_anchor="sampling"), "`sync_ref_model=True` needs a reference model"),
     (

@@ -89,3 +89,33 @@ def test_ci_stops_its_background_jobs_and_names_the_first_failure(tmp_path):
                 time.sleep(0.02)
             else:
                 pytest.fail(f"the background job {name} left process {pid} running")
+
+
+def test_the_readme_fits_160_lines():
+    # The front page holds install, the quick start, one line per result and links; the detail lives in docs/.
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 160
+
+
+#: What every quoted GPU step-time ratio of bench-speed must say it was measured under (docs/benchmarks.md).
+GPU_CONDITIONS = (
+    "generation not timed",
+    "synthetic completions",
+    "no vLLM",
+    "randomly initialised",
+    "28-token",
+    "one repeat",
+)
+
+
+@pytest.mark.parametrize("page", ["README.md", "CHANGELOG.md"])
+def test_each_gpu_step_time_figure_carries_its_conditions(page):
+    paragraphs = re.split(r"\n(?=- |\n)", (ROOT / page).read_text())
+    quoting = [p for p in paragraphs if "0.896" in p]
+    assert quoting, f"{page} no longer quotes the GPU step-time ratio: update this test"
+    for paragraph in quoting:
+        flat = " ".join(paragraph.split())
+        missing = [c for c in GPU_CONDITIONS if c not in flat]
+        assert not missing, f"{page}: the GPU figure does not say {missing}: {flat[:200]}"
+    from rpg_trl.tools.toy import build_char_tokenizer
+
+    assert len(build_char_tokenizer()) == 28  # bench-speed's model reads the toy character tokenizer

@@ -1004,7 +1004,9 @@ TOKENS_MOVED_AWAY = {
 @pytest.mark.parametrize("importance_sampling_level", ["token", "sequence"])
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 @pytest.mark.parametrize(("kl_level", "divergence"), list(TOKENS_MOVED_AWAY))
-def test_which_kl_weights_move_every_token_toward_the_reference(kl_level, divergence, estimator, importance_sampling_level):
+def test_which_kl_weights_move_every_token_toward_the_reference(
+    kl_level, divergence, estimator, importance_sampling_level
+):
     lp, old, ref, adv, mask = wide_ratio_batch(seed=3, spread=0.3)
     kw = dict(divergence=divergence, estimator=estimator, beta=0.2, kl_level=kl_level)
     _, grad, _ = grad_of(lp, old, ref, adv, mask, importance_sampling_level=importance_sampling_level, **kw)

@@ -67,8 +67,12 @@ import torch
 
 
 #: Log-ratios are clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` before ``exp`` (``e^20 ≈ 4.9e8``), so any finite
-#: input gives a finite loss and finite gradients. Prefix products (``kl_level="sequence"``) are clamped the same way.
+#: input gives a finite loss and finite gradients. At ``kl_level="sequence"`` the KL *weights* are computed from the
+#: unclamped prefix log-ratios in log space ([`sequence_kl_weight`]); only the loss *value* there reads clamped prefixes.
 LOG_RATIO_CLAMP = 20.0
+#: The largest magnitude of a sequence-level KL weight, ``e^40 ≈ 2.4e17``: an exact weight beyond it (a prefix ratio
+#: past ``e^40``, which no float32 product of the prefix could hold for long) is given this magnitude with its exact sign.
+LOG_WEIGHT_CLAMP = 40.0
 
 
 def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
@@ -86,11 +90,17 @@ def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class Prefixes:
     """Whole-completion ratios for ``kl_level="sequence"``, (B, T) each: the products over the completion's tokens up to
-    and including t (module notation ``W≤t``, ``R≤t``), as log-ratios clamped against overflow."""
+    and including t (module notation ``W≤t``, ``R≤t``), as log-ratios: clamped against overflow for the loss value
+    (``log_W``, ``log_W_before``, ``log_R``), unclamped and detached for the weights (``exact_log_W``,
+    ``exact_log_R``, from the unclamped token log-ratios), which are computed in log space and never exponentiate a
+    prefix on its own ([`sequence_kl_weight`])."""
 
-    log_W: torch.Tensor  #: log W≤t = Σ_{s≤t} log w_s, differentiable
-    log_W_before: torch.Tensor  #: log W≤t−1 = log W≤t − log w_t, detached
-    log_R: torch.Tensor  #: log R≤t = Σ_{s≤t} log r_s, no grad
+    log_W: torch.Tensor  #: log W≤t = Σ_{s≤t} log w_s, clamped, differentiable
+    log_W_before: torch.Tensor  #: log W≤t−1 = log W≤t − log w_t, clamped, detached
+    log_R: torch.Tensor  #: log R≤t = Σ_{s≤t} log r_s, clamped, no grad
+    exact_log_W: torch.Tensor  #: log W≤t, unclamped, detached
+    exact_log_R: torch.Tensor  #: log R≤t, unclamped, no grad
+    exact_log_rho: torch.Tensor  #: the token log ρ_t = log w_t − log r_t, unclamped, detached
 
 
 def _reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -105,8 +115,10 @@ class KLTerm:
 
     ``value`` and ``weight`` take ``(w, r, log_w, log_r)`` (per-token tensors that broadcast). ``sequence_value`` takes
     ``(prefixes, log_w, log_r)`` and returns per-token terms whose sum over a completion is the estimate of the
-    divergence between whole completions, with autograd giving ``sequence_weight``; ``sequence_weight`` takes
-    ``(W, R, log_ρ)`` (detached (B, T) tensors: ``W≤t`` possibly clipped, ``R≤t`` and the token ``log ρ_t``).
+    divergence between whole completions, with autograd giving [`sequence_weight`](KLTerm.sequence_weight). That weight
+    is a signed sum of three parts (``sequence_parts``): ``"to_go"`` the KL-to-go ``Σ_{t'≥t} W≤t'·log ρ_t'``, ``"W"``
+    the score term ``+W≤t`` and ``"-R"`` the term ``−R≤t``; the trainers evaluate it in log space
+    ([`sequence_kl_weight`]).
     """
 
     divergence: str  #: the divergence ``D`` it estimates, e.g. ``"KL(π_θ‖π_ref)"``
@@ -115,8 +127,8 @@ class KLTerm:
     weight: Callable[..., torch.Tensor]  #: ``K = ∂S/∂log π_θ``; the KL part of ``W`` is ``−β·K``
     #: ``S_t``, with ``E_old[Σ_t S_t] = D`` between whole completions
     sequence_value: Callable[..., torch.Tensor] | None = None
-    #: ``K_t = ∂(Σ_t' S_t')/∂log π_θ(y_t | y_<t)``
-    sequence_weight: Callable[..., torch.Tensor] | None = None
+    #: ``K_t = ∂(Σ_t' S_t')/∂log π_θ(y_t | y_<t)`` as a sum of the parts ``"to_go"``, ``"W"`` and ``"-R"``
+    sequence_parts: tuple[str, ...] = ()
     #: False for GRPO's uncorrected k3 (Sec. 2.2): evaluated at the token ratios, without importance weight or clip.
     importance_weighted: bool = True
     #: True when ``sequence_weight`` holds the score term ``W≤t`` (the normalised rows' difference from the
@@ -128,6 +140,19 @@ class KLTerm:
     #: prefix ``W≤t``: ufkl) or ``"to_go"`` (the token's ``w``, and at the sequence level every prefix ``W≤t'``,
     #: ``t' ≥ t``, of its KL-to-go: rkl, urkl).
     grows_with: str = "own"
+
+    def sequence_weight(self, W: torch.Tensor, R: torch.Tensor, log_rho: torch.Tensor) -> torch.Tensor:
+        """``K_t`` from its parts at the given (detached, (B, T)) ``W≤t``, ``R≤t`` and token ``log ρ_t``, in linear
+        space: for prefix ratios known to be moderate (the clipped ones of ``kl_clip_mode="clipped"``) and for tests;
+        [`sequence_kl_weight`] is the log-space form for ratios of any size."""
+        weight = torch.zeros_like(W)
+        if "to_go" in self.sequence_parts:
+            weight = weight + _reverse_cumsum(W * log_rho)
+        if "W" in self.sequence_parts:
+            weight = weight + W
+        if "-R" in self.sequence_parts:
+            weight = weight - R
+        return weight
 
 
 def _W_before_times_w(p: Prefixes, log_w: torch.Tensor) -> torch.Tensor:
@@ -151,7 +176,7 @@ KL_TERMS: dict[str, KLTerm] = {
         value=lambda w, r, log_w, log_r: r * (log_r - log_w),
         weight=lambda w, r, log_w, log_r: -r * torch.ones_like(w),
         sequence_value=lambda p, log_w, log_r: torch.exp(p.log_R) * (log_r - log_w),
-        sequence_weight=lambda W, R, log_rho: -R * torch.ones_like(W),
+        sequence_parts=("-R",),
         grows_with="none",
     ),
     "ufkl": KLTerm(
@@ -162,7 +187,7 @@ KL_TERMS: dict[str, KLTerm] = {
         sequence_value=lambda p, log_w, log_r: (
             torch.exp(p.log_R) * (log_r - log_w - 1.0) + _W_before_times_w(p, log_w)
         ),
-        sequence_weight=lambda W, R, log_rho: W - R,
+        sequence_parts=("W", "-R"),
         sequence_score_term=True,
     ),
     "rkl": KLTerm(
@@ -171,7 +196,7 @@ KL_TERMS: dict[str, KLTerm] = {
         value=lambda w, r, log_w, log_r: w * (log_w - log_r),
         weight=lambda w, r, log_w, log_r: w * (log_w - log_r + 1.0),
         sequence_value=lambda p, log_w, log_r: torch.exp(p.log_W) * (log_w - log_r),
-        sequence_weight=lambda W, R, log_rho: _reverse_cumsum(W * log_rho) + W,
+        sequence_parts=("to_go", "W"),
         sequence_score_term=True,
         grows_with="to_go",
     ),
@@ -183,7 +208,7 @@ KL_TERMS: dict[str, KLTerm] = {
         sequence_value=lambda p, log_w, log_r: (
             torch.exp(p.log_W) * (log_w - log_r) - _W_before_times_w(p, log_w) + torch.exp(p.log_R)
         ),
-        sequence_weight=lambda W, R, log_rho: _reverse_cumsum(W * log_rho),
+        sequence_parts=("to_go",),
         grows_with="to_go",
     ),
     "k3": KLTerm(
@@ -357,20 +382,27 @@ class RatioTensors:
     #: reward term.
     kl_log_w: torch.Tensor = None
     kl_w: torch.Tensor = None
+    #: The token log r before its clamp (the scalar 0 when π_ref = π_old), no grad: the sequence-level weights read it.
+    exact_log_r: torch.Tensor = None
     #: [`token_kl`] per row of the KL table, computed once
     token_kl_values: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict, repr=False)
 
     @functools.cached_property
     def prefixes(self) -> Prefixes:
         """The whole-completion prefix ratios ``W≤t`` and ``R≤t`` of these token ratios (masked tokens count as 1),
-        computed once."""
+        computed once: clamped for the loss value, unclamped (from the unclamped token log-ratios) for the weights."""
         log_w = self.kl_log_w  # the clamped token log w, differentiable
         log_W = log_w.cumsum(-1)
         log_R = torch.broadcast_to(self.token_log_r, log_W.shape).cumsum(-1)
+        exact_log_w = self.token_log_ratio.detach()
+        exact_log_r = torch.broadcast_to(self.token_log_r if self.exact_log_r is None else self.exact_log_r, log_W.shape)
         return Prefixes(
             log_W=clamp_log_ratio(log_W),
             log_W_before=(log_W - log_w).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
             log_R=log_R.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP),
+            exact_log_W=exact_log_w.cumsum(-1),
+            exact_log_R=exact_log_r.cumsum(-1),
+            exact_log_rho=exact_log_w - exact_log_r,
         )
 
 
@@ -392,10 +424,10 @@ def importance_ratios(
     zero = torch.zeros((), dtype=dtype, device=logps.device)
     token_log_ratio = torch.where(active, logps.to(dtype) - old_logps.to(dtype).detach(), zero)
     if ref_logps is None:
-        token_log_r = zero  # π_ref = π_old: r = 1 everywhere (a scalar that broadcasts)
+        token_log_r = exact_log_r = zero  # π_ref = π_old: r = 1 everywhere (a scalar that broadcasts)
     else:
-        token_log_r = torch.where(active, ref_logps.to(dtype).detach() - old_logps.to(dtype).detach(), zero)
-        token_log_r = token_log_r.clamp_(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+        exact_log_r = torch.where(active, ref_logps.to(dtype).detach() - old_logps.to(dtype).detach(), zero)
+        token_log_r = exact_log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     token_r = torch.exp(token_log_r)
     if importance_sampling_level == "sequence":
         mask = active.to(dtype)
@@ -430,6 +462,7 @@ def importance_ratios(
         active=active,
         kl_log_w=kl_log_w,
         kl_w=kl_w,
+        exact_log_r=exact_log_r,
     )
 
 
@@ -524,16 +557,9 @@ def _stopped_token_weight(term, ratios, spec, regions) -> torch.Tensor:
     return _exact_token_weight(term, ratios, spec, regions).masked_fill(regions.any, 0.0)
 
 
-def _sequence_ratios(ratios: RatioTensors) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The exact (clamped) ``W≤t``, ``R≤t`` and the token ``log ρ_t``, detached."""
-    prefixes = ratios.prefixes
-    log_rho = ratios.token_log_w - ratios.token_log_r
-    return torch.exp(prefixes.log_W.detach()), torch.exp(prefixes.log_R), log_rho
-
-
-def _exact_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
-    """``K_t`` of the whole-completion divergence at the exact prefix ratios (docs/design.md, sequence table)."""
-    return term.sequence_weight(*_sequence_ratios(ratios))
+def _reverse_logcumsumexp(x: torch.Tensor) -> torch.Tensor:
+    """``log Σ_{t'≥t} exp(x_t')`` along the last dimension (−inf where every term is −inf)."""
+    return x.flip(-1).logcumsumexp(-1).flip(-1)
 
 
 def _suffix_max(x: torch.Tensor) -> torch.Tensor:
@@ -541,33 +567,87 @@ def _suffix_max(x: torch.Tensor) -> torch.Tensor:
     return x.flip(-1).cummax(-1).values.flip(-1)
 
 
-def sequence_truncation(term: KLTerm, W: torch.Tensor, spec: RPGLossSpec) -> torch.Tensor:
-    """The factor ``s_t = min(1, c / M_t)`` of ``kl_clip_mode="truncated"`` at the sequence level, one per token, with
-    ``M_t`` the largest prefix ratio that ``K_t`` weighs: ``W≤t`` for ufkl, ``max_{t'≥t} W≤t'`` (the KL-to-go) for rkl
-    and urkl; 1 for fkl, whose ``K_t = −R≤t`` does not grow with the prefix ratios. ``W``: the exact ``W≤t`` (B, T)
-    (past a completion's end the prefix stays at its last value, so padding never raises ``M_t``)."""
+def _difference_of_exps(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
+    """``e^{log_a} − e^{log_b}`` with the exact sign and a magnitude of at most ``e^LOG_WEIGHT_CLAMP``, computed as
+    ``±e^{max}·(1 − e^{min − max})`` (no overflow, no cancellation beyond that of ``expm1``); 0 where both are −inf."""
+    high, low = torch.maximum(log_a, log_b), torch.minimum(log_a, log_b)
+    gap = torch.where(high > -math.inf, low - high, -math.inf)  # ≤ 0
+    log_magnitude = (high + torch.log(-torch.expm1(gap))).clamp(max=LOG_WEIGHT_CLAMP)
+    return torch.where(log_a >= log_b, 1.0, -1.0).to(log_magnitude.dtype) * torch.exp(log_magnitude)
+
+
+def sequence_log_parts(term: KLTerm, prefixes: Prefixes) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(log P_t, log N_t)`` with ``K_t = P_t − N_t`` and ``P, N ≥ 0``: the positive and the negative parts of the
+    exact sequence-level weight of `term` (the KL-to-go split by the sign of ``log ρ_t'`` and summed with a reverse
+    ``logcumsumexp``, the score term ``W≤t`` on the positive side, ``R≤t`` on the negative side), from the unclamped
+    prefix log-ratios, (B, T) each, detached."""
+    log_W, log_R, log_rho = prefixes.exact_log_W, prefixes.exact_log_R, prefixes.exact_log_rho
+    nothing = torch.full_like(log_W, -math.inf)
+    log_P = log_N = nothing
+    if "to_go" in term.sequence_parts:
+        log_terms = log_W + torch.log(log_rho.abs())  # −inf where log ρ_t' = 0 (and on inactive tokens)
+        log_P = _reverse_logcumsumexp(torch.where(log_rho > 0, log_terms, nothing))
+        log_N = _reverse_logcumsumexp(torch.where(log_rho < 0, log_terms, nothing))
+    if "W" in term.sequence_parts:
+        log_P = torch.logaddexp(log_P, log_W)
+    if "-R" in term.sequence_parts:
+        log_N = torch.logaddexp(log_N, log_R)
+    return log_P, log_N
+
+
+def sequence_log_truncation(term: KLTerm, prefixes: Prefixes, spec: RPGLossSpec) -> torch.Tensor:
+    """``−log s_t`` (≥ 0) of the factor ``s_t = min(1, c / M_t)`` of ``kl_clip_mode="truncated"`` at the sequence
+    level, one per token, with ``M_t`` the largest prefix ratio that ``K_t`` weighs: ``W≤t`` for ufkl,
+    ``max_{t'≥t} W≤t'`` (the KL-to-go) for rkl and urkl; 0 (``s_t = 1``) for fkl, whose ``K_t = −R≤t`` does not grow
+    with the prefix ratios. Past a completion's end the prefix stays at its last value, so padding never raises
+    ``M_t``. Computed from the unclamped ``log W≤t``."""
+    log_W = prefixes.exact_log_W
     if term.grows_with == "none":
-        return torch.ones_like(W)
-    return _truncation(_suffix_max(W) if term.grows_with == "to_go" else W, spec)
+        return torch.zeros_like(log_W)
+    log_M = _suffix_max(log_W) if term.grows_with == "to_go" else log_W
+    return (log_M - math.log(spec.clip_c)).clamp(min=0.0)
+
+
+def sequence_kl_weight(term: KLTerm, prefixes: Prefixes, log_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """The sequence-level KL weight ``K_t`` of `term` times ``e^{−log_scale}`` (B, T), detached, in log space: the
+    positive and negative parts ([`sequence_log_parts`]) are divided by the scale before they are exponentiated, so the
+    weight has the exact sign at any completion length, and its magnitude is exact up to rounding wherever it stays
+    below ``e^LOG_WEIGHT_CLAMP`` (beyond, that magnitude with the exact sign). With ``log_scale = −log s_t``
+    ([`sequence_log_truncation`]) it is the truncated weight ``s_t·K_t``, whose parts are then bounded: ``c·Σ_{t'≥t}
+    |log ρ_t'|`` for the KL-to-go and ``c`` for the score term."""
+    log_P, log_N = sequence_log_parts(term, prefixes)
+    if log_scale is not None:
+        log_P, log_N = log_P - log_scale, log_N - log_scale
+    return _difference_of_exps(log_P, log_N)
+
+
+def _exact_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
+    """``K_t`` of the whole-completion divergence at the exact prefix ratios (docs/design.md, sequence table), in log
+    space ([`sequence_kl_weight`])."""
+    return sequence_kl_weight(term, ratios.prefixes)
 
 
 def _truncated_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     """``s_t·K_t``: the exact KL-to-go of each token scaled as a whole by one factor ``s_t = min(1, c / M_t)`` in
-    ``(0, 1]`` ([`sequence_truncation`]), so each token's KL weight keeps the exact sign, is bounded by ``c`` times
+    ``(0, 1]`` ([`sequence_log_truncation`]), so each token's KL weight keeps the exact sign, is bounded by ``c`` times
     the sum of its ``|log ρ|`` to go (urkl), and equals the exact weight wherever none of the prefix ratios it weighs
-    exceeds ``c``. (Truncating each prefix on its own, ``Σ_{t'≥t} min(W≤t', c)·log ρ_t'``, can flip the sign of the
-    sum; docs/design.md.)"""
-    W, R, log_rho = _sequence_ratios(ratios)
-    return term.sequence_weight(W, R, log_rho) * sequence_truncation(term, W, spec)
+    exceeds ``c``. Computed in log space, so this holds at any completion length (the factor divides each part before
+    it is exponentiated). (Truncating each prefix on its own, ``Σ_{t'≥t} min(W≤t', c)·log ρ_t'``, can flip the sign
+    of the sum; docs/design.md.)"""
+    prefixes = ratios.prefixes
+    return sequence_kl_weight(term, prefixes, sequence_log_truncation(term, prefixes, spec))
 
 
 def _clipped_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     """``K_t`` with the prefixes ``W≤t`` and the ``w_t`` inside ``log ρ_t = log w_t − log r_t`` clipped to the trust
-    region, without the score term ``W≤t`` of ufkl and rkl (zero in expectation only when exact)."""
+    region, without the score term ``W≤t`` of ufkl and rkl (zero in expectation only when exact). ``R≤t`` is exact,
+    its magnitude capped at ``e^LOG_WEIGHT_CLAMP``."""
     prefixes = ratios.prefixes
-    log_W, log_w = _clip_log(prefixes.log_W, spec), _clip_log(ratios.token_log_w, spec)
+    log_W, log_w = _clip_log(prefixes.exact_log_W, spec), _clip_log(ratios.token_log_w, spec)
     W = torch.exp(log_W)
-    weight = term.sequence_weight(W, torch.exp(prefixes.log_R), log_w - ratios.token_log_r)
+    R = torch.exp(prefixes.exact_log_R.clamp(max=LOG_WEIGHT_CLAMP))
+    log_r = prefixes.exact_log_W.new_zeros(()) if ratios.exact_log_r is None else ratios.exact_log_r
+    weight = term.sequence_weight(W, R, log_w - log_r)
     if term.sequence_score_term:  # a clipped score term is not zero-mean: drop it
         weight = weight - W
     return weight
@@ -731,17 +811,21 @@ def differentiable_per_token_loss(
     ``−c·A``), whose value and gradient are TRL's; the KL term is ``SG(S) + SG(K̃)·(log w − SG(log w))``: the value
     stays the importance-weighted estimate and the gradient is ``β·K̃`` with ``K̃`` of [`kl_weights`] (the
     ``kl_clip_mode``'s weight), which is ``K(w)`` inside the trust region. With ``kl_level="sequence"`` the weights are those of the
-    whole-completion divergence, whose clipped prefixes change the weights of the tokens before them too.
+    whole-completion divergence, whose clipped prefixes change the weights of the tokens before them too; there the
+    gradient is always taken in that straight-through form, from the weights computed in log space
+    ([`sequence_kl_weight`]), which equal autograd through ``Σ_t S_t`` wherever no prefix reaches the clamp.
     """
     reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
     if reward_mask is not None:
         reward_loss = reward_loss * reward_mask
-    if spec.clip and spec.kl_term.importance_weighted:
-        if spec.kl_level == "token":
-            value = token_kl(ratios, spec)  # the logged estimate: the same token ratios
-        else:
-            with torch.no_grad():
-                value = kl_values(ratios, spec)
+    if spec.kl_term.importance_weighted and spec.kl_level == "sequence":
+        # The weights of whole completions, in log space at any length (autograd through `S` would read the clamped
+        # prefixes): the value is `S`, the gradient the weight of `kl_weights`, clipped or not.
+        with torch.no_grad():
+            value = kl_values(ratios, spec)
+        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.kl_log_w)
+    elif spec.clip and spec.kl_term.importance_weighted:
+        value = token_kl(ratios, spec)  # the logged estimate: the same token ratios
         kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.kl_log_w)
     else:
         kl = kl_values(ratios, spec)

@@ -114,7 +114,7 @@ def test_sequence_weights_are_exact_at_thousands_of_tokens(length, with_ref, div
     assert log_W[0].max() > bound and log_W[1].min() < -bound  # the prefixes drift past the old clamp, both ways
     for mode in ("exact", "truncated"):
         K, scale = reference(length, with_ref, divergence, mode)
-        for dtype, rtol in ((torch.float64, 1e-9), (torch.float32, 2e-3)):
+        for dtype, rtol in ((torch.float64, 1e-11), (torch.float32, 1e-4)):
             for estimator in ("reinforce", "differentiable"):
                 got = kl_weight(lp, old, ref, divergence, mode, estimator, dtype)
                 case = f"{mode}, {estimator}, {dtype}"

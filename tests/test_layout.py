@@ -18,12 +18,24 @@ def _module_name(path: Path) -> str:
 
 
 def _imported_modules(path: Path) -> set[str]:
-    """Absolute names of the modules imported anywhere in `path` (relative imports resolved)."""
+    """Absolute names of the modules imported anywhere in `path` (relative imports resolved), but for those under
+    `if TYPE_CHECKING:`."""
     package = _module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
+    tree = ast.parse(path.read_text(), filename=str(path))
+    # Imports under `if TYPE_CHECKING:` never run (annotations only): they are not dependencies.
+    type_only = {
+        id(sub)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for child in node.body
+        for sub in ast.walk(child)
+    }
     names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -62,6 +74,8 @@ def test_the_walk_sees_every_kind_of_import():
     cli_demo = _imported_modules(PACKAGE / "tools" / "cli" / "demo.py")
     # `..` (within tools), absolute and `.`, all inside functions
     assert {"rpg_trl.tools.toy.addition", "rpg_trl.trainer", "rpg_trl.tools.cli.plot"} <= cli_demo
+    kl = _imported_modules(PACKAGE / "losses" / "kl.py")  # `from .spec import ...` only under `if TYPE_CHECKING:`
+    assert "rpg_trl.losses.ratios" in kl and "rpg_trl.losses.spec" not in kl
 
 
 def test_library_modules_exist_and_the_tooling_is_apart():

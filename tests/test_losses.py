@@ -609,6 +609,26 @@ def test_sequence_level_gradient_is_the_prefix_weight(divergence, estimator, wit
     np.testing.assert_allclose(grad, expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("with_ref", [False, True], ids=["ref=old", "separate-ref"])
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_sequence_level_values_differentiate_to_the_log_space_weights(divergence, with_ref):
+    # The differentiable estimator takes its sequence-level gradient from the log-space weights (straight-through); the
+    # per-token values S_t it reports must still be the terms whose sum differentiates to those weights (prefixes far
+    # from the clamp), and both must be the closed form `sequence_K`.
+    from rpg_trl.losses import RPGLossSpec, clip_regions, importance_ratios, kl_values, kl_weights
+
+    lp, old, ref, adv, mask = make_inputs(seed=14, spread=0.8, with_ref=with_ref)
+    logps = torch.tensor(lp, requires_grad=True)
+    ref_logps = None if ref is None else torch.tensor(ref)
+    spec = RPGLossSpec(divergence=divergence, kl_level="sequence", clip=False)
+    ratios = importance_ratios(logps, torch.tensor(old), ref_logps, torch.tensor(mask) > 0)
+    regions = clip_regions(ratios.w, torch.tensor(adv)[:, None], 0.2, 0.28, 10.0)
+    (autograd,) = torch.autograd.grad((kl_values(ratios, spec) * torch.tensor(mask)).sum(), logps)
+    weights = kl_weights(ratios, spec, regions) * torch.tensor(mask)
+    np.testing.assert_allclose(autograd.numpy(), weights.numpy(), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(weights.numpy(), mask * sequence_K(divergence, lp, old, ref, mask), rtol=1e-10, atol=1e-12)
+
+
 @pytest.mark.parametrize("mode", KL_CLIP_MODES)
 @pytest.mark.parametrize("with_ref", [False, True], ids=["ref=old", "separate-ref"])
 @pytest.mark.parametrize("divergence", DIVERGENCES)

@@ -1,0 +1,144 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""[`RPGLossSpec`]: everything that defines the RPG loss (paper Sec. 3-5), checked once at construction, and the
+paper's names of its algorithms (Tables 1-4)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+from ._checks import (
+    _check_choice,
+    _check_finite_number,
+)
+from .kl import (
+    DEFAULT_KL_CLIP_MODE,
+    DIVERGENCES,
+    KL_CLIP_MODES,
+    KL_LEVELS,
+    KL_TERMS,
+    KLTerm,
+)
+from .ratios import (
+    IMPORTANCE_SAMPLING_LEVELS,
+)
+from .surrogate import (
+    AGGREGATIONS,
+    ESTIMATORS,
+)
+
+
+@dataclass(frozen=True)
+class RPGLossSpec:
+    """Everything that defines the RPG loss (paper Sec. 3-5), checked once at construction.
+
+    Built once from the configuration ([`RPGConfig.rpg_loss_spec`](rpg_trl.config), the asynchronous config too) and
+    passed to [`rpg_per_token_loss`] / [`rpg_loss`], which also build one from keyword arguments. Its field names are
+    the paper's; [`RPGConfig`] spells `clip` as `rpg_clip` and `epsilon_low` as TRL's `epsilon`.
+    """
+
+    divergence: str = "urkl"  #: ``"fkl"``, ``"ufkl"``, ``"rkl"`` or ``"urkl"`` (module table)
+    estimator: str = "reinforce"  #: a key of [`ESTIMATOR_FUNCTIONS`]: ``"reinforce"`` or ``"differentiable"``
+    beta: float = 1e-4  #: KL coefficient β >= 0 (Appendix H)
+    clip: bool = True  #: RPG-Style Clip (Sec. 3.3, Algorithms 1-2)
+    epsilon_low: float = 0.2  #: ε_1, lower clip ``1 − ε_low``, in [0, 1)
+    epsilon_high: float = 0.28  #: ε_2, upper clip ``1 + ε_high``
+    clip_c: float = 10.0  #: dual-clip bound c > 1 for negative advantages
+    aggregation: str = "token-mean"  #: how [`rpg_loss`] reduces the per-token loss ([`aggregate_loss`])
+    importance_sampling_level: str = "token"  #: the reward term's ratio: per token, or GSPO's geometric mean
+    #: False: GRPO's uncorrected k3 (the ``k3`` row of the KL table, Sec. 2.2), only with divergence ``"urkl"``
+    kl_importance_weight: bool = True
+    kl_level: str = "token"  #: the KL's importance weights per token or over whole completions ([`KL_LEVELS`])
+    #: how the clip treats the KL weight outside the trust region: a key of [`KL_CLIP_MODES`]
+    kl_clip_mode: str = DEFAULT_KL_CLIP_MODE
+
+    def __post_init__(self):
+        self.check()
+
+    @property
+    def kl_term(self) -> KLTerm:
+        """The row of [`KL_TERMS`] this specification uses."""
+        return KL_TERMS[self.divergence if self.kl_importance_weight else "k3"]
+
+    @property
+    def paper_name(self) -> str:
+        """The paper's name of the algorithm, e.g. ``"RPG-REINFORCE-URKL"`` (Tables 1-4)."""
+        return paper_name(self.divergence, self.estimator)
+
+    def replace(self, **changes) -> RPGLossSpec:
+        """A copy with `changes` (checked again)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_kwargs(cls, names: dict[str, str] | None = None, **fields) -> RPGLossSpec:
+        """Build a specification from keyword arguments, reporting an invalid one with the caller's names for the
+        fields (`names` maps a field to the caller's name, e.g. ``{"clip": "rpg_clip"}``)."""
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise TypeError(
+                f"Unknown RPG loss argument(s) {unknown}; the loss is specified by "
+                f"{[f.name for f in dataclasses.fields(cls)]}."
+            )
+        # Checked before the frozen object exists, so that an error names the caller's field.
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        cls.check(SimpleNamespace(**{**defaults, **fields}), names)
+        return cls(**fields)
+
+    def check(self, names: dict[str, str] | None = None) -> None:
+        """Raise a `ValueError` naming the field (in the caller's `names`), the allowed values and the fix."""
+        names = names or {}
+
+        def n(name: str) -> str:
+            return names.get(name, name)
+
+        _check_choice(n("divergence"), self.divergence, DIVERGENCES)
+        _check_choice(n("estimator"), self.estimator, ESTIMATORS)
+        _check_choice(n("aggregation"), self.aggregation, AGGREGATIONS)
+        _check_choice(n("importance_sampling_level"), self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
+        _check_choice(n("kl_level"), self.kl_level, KL_LEVELS)
+        _check_choice(n("kl_clip_mode"), self.kl_clip_mode, tuple(KL_CLIP_MODES))
+        _check_finite_number(n("beta"), self.beta, minimum=0.0)
+        if not isinstance(self.clip, bool):
+            raise ValueError(f"`{n('clip')}` must be a bool; got {self.clip!r}.")
+        _check_finite_number(n("epsilon_low"), self.epsilon_low, minimum=0.0)
+        if self.epsilon_low >= 1.0:
+            raise ValueError(
+                f"`{n('epsilon_low')}` must be in [0, 1) so that the lower clip bound 1 - {n('epsilon_low')} stays "
+                f"positive; got {self.epsilon_low!r}."
+            )
+        _check_finite_number(n("epsilon_high"), self.epsilon_high, minimum=0.0)
+        _check_finite_number(n("clip_c"), self.clip_c, minimum=1.0, strict=True)
+        if self.clip_c < 1.0 + self.epsilon_high:
+            raise ValueError(
+                f"`{n('clip_c')}` (the dual-clip bound for negative advantages) must be >= 1 + {n('epsilon_high')} = "
+                f"{1.0 + self.epsilon_high}; got {self.clip_c!r}."
+            )
+        if not isinstance(self.kl_importance_weight, bool):
+            raise ValueError(f"`{n('kl_importance_weight')}` must be a bool; got {self.kl_importance_weight!r}.")
+        if not self.kl_importance_weight and self.divergence != "urkl":
+            raise ValueError(
+                f"`{n('kl_importance_weight')}=False` is the uncorrected GRPO k3 penalty, an estimator of the reverse "
+                f"KL: it is only defined with {n('divergence')}='urkl'; got {n('divergence')}={self.divergence!r}."
+            )
+        if self.kl_level == "sequence" and not self.kl_importance_weight:
+            raise ValueError(
+                f"`{n('kl_importance_weight')}=False` (GRPO's uncorrected k3) is a per-token penalty without importance "
+                f"weights, so it has no sequence-level form: use {n('kl_level')}='token' with it, or "
+                f"{n('kl_importance_weight')}=True for the exact sequence-level KL."
+            )
+
+
+def validate_rpg_hyperparameters(*, names: dict[str, str] | None = None, **fields) -> None:
+    """Raise a `ValueError` naming the argument and the allowed values for any invalid RPG loss field (the fields of
+    [`RPGLossSpec`]; `names` maps them to the caller's names, e.g. `{"clip": "rpg_clip", "epsilon_low": "epsilon"}`)."""
+    RPGLossSpec.from_kwargs(names=names, **fields)
+
+
+def paper_name(divergence: str, estimator: str) -> str:
+    """The paper's name of a (divergence, estimator) pair: ``RPG-[REINFORCE-]<DIVERGENCE>`` (Tables 1-4)."""
+    return f"RPG-{'REINFORCE-' if estimator == 'reinforce' else ''}{divergence.upper()}"
+
+
+#: Paper names of each (divergence, estimator) pair, used in docs, model cards and benchmark tables.
+PAPER_NAMES = {(d, e): paper_name(d, e) for e in ESTIMATORS for d in DIVERGENCES}

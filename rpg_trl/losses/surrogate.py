@@ -1,0 +1,215 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""The reward term, the two estimators and the aggregation of the RPG loss: the fully differentiable surrogate (Tables 1
+and 4) and the REINFORCE-style one (Table 2, Appendix F, Eq. 4.1), which give the same gradient (Proposition 4.1),
+RPG-Style Clip's reward term (Algorithms 1 and 2), the normalisers of TRL's loss types, and the metrics reduced on the
+device."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+
+from ._checks import (
+    _check_choice,
+)
+from .kl import (
+    kl_values,
+    kl_weights,
+    token_kl,
+)
+from .ratios import (
+    ClipRegions,
+    RatioTensors,
+)
+
+
+if TYPE_CHECKING:  # annotations only: the specification imports this module
+    from .spec import RPGLossSpec
+
+
+#: ``token-mean``: Σ/number of tokens; ``seq-mean-token-mean``: mean over sequences of each one's token mean;
+#: ``seq-mean-token-sum``: mean over sequences of each one's token sum; ``seq-mean-token-sum-norm``: Σ/(B·max_length)
+#: (Dr. GRPO, TRL's ``dr_grpo``).
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+
+
+class _ValueWithGradient(torch.autograd.Function):
+    """``value`` (detached) in the forward pass; ``∂/∂x = weight`` in the backward pass (the straight-through form
+    ``SG(value) + SG(weight)·(x − SG(x))`` in one op)."""
+
+    @staticmethod
+    def forward(ctx, value, weight, x):
+        ctx.save_for_backward(weight)
+        return value.detach().clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (weight,) = ctx.saved_tensors
+        return None, None, grad * weight
+
+
+def _reward_term_differentiable(ratios: RatioTensors, advantages: torch.Tensor, regions: ClipRegions, spec):
+    """``−w·A``, and with the clip PPO's dual clip ``min(max(−w·A, −w̄·A), −c·A)`` for ``A < 0`` (Algorithm 1), written
+    as what it is: ``−A`` times the bound the clip reaches on the clipped tokens (``1 − ε_low``, ``1 + ε_high`` or
+    ``c``, no gradient) and times ``w`` on the others."""
+    w = ratios.w
+    if spec.clip:
+        with torch.no_grad():
+            bound = (
+                w.detach()
+                .clamp(1.0 - spec.epsilon_low, 1.0 + spec.epsilon_high)
+                .masked_fill_(regions.dual, spec.clip_c)
+            )
+        w = torch.where(regions.any, bound, w)
+    return w * -advantages
+
+
+def differentiable_per_token_loss(
+    ratios: RatioTensors,
+    advantages: torch.Tensor,
+    regions: ClipRegions,
+    spec: RPGLossSpec,
+    reward_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fully differentiable surrogate (Tables 1 and 4): ``−w·A + β·S`` per token, through ``w``, (B, T), 0 on inactive
+    tokens.
+
+    With the clip on, the reward term is PPO's dual clip (Algorithm 1: ``max(−w·A, −w̄·A)``, and for ``A < 0`` at most
+    ``−c·A``), whose value and gradient are TRL's; the KL term is ``SG(S) + SG(K̃)·(log w − SG(log w))``: the value
+    stays the importance-weighted estimate and the gradient is ``β·K̃`` with ``K̃`` of [`kl_weights`] (the
+    ``kl_clip_mode``'s weight), which is ``K(w)`` inside the trust region. With ``kl_level="sequence"`` the weights are those of the
+    whole-completion divergence, whose clipped prefixes change the weights of the tokens before them too; there the
+    gradient is always taken in that straight-through form, from the weights computed in log space
+    ([`sequence_kl_weight`]), which equal autograd through ``Σ_t S_t`` wherever no prefix reaches the clamp.
+    """
+    reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
+    if reward_mask is not None:
+        reward_loss = reward_loss * reward_mask
+    if spec.kl_term.importance_weighted and spec.kl_level == "sequence":
+        # The weights of whole completions, in log space at any length (autograd through `S` would read the clamped
+        # prefixes): the value is `S`, the gradient the weight of `kl_weights`, clipped or not.
+        with torch.no_grad():
+            value = kl_values(ratios, spec)
+        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.kl_log_w)
+    elif spec.clip and spec.kl_term.importance_weighted:
+        value = token_kl(ratios, spec)  # the logged estimate: the same token ratios
+        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.kl_log_w)
+    else:
+        kl = kl_values(ratios, spec)
+    zero = torch.zeros((), dtype=reward_loss.dtype, device=reward_loss.device)
+    return torch.where(ratios.active, torch.add(reward_loss, kl, alpha=spec.beta), zero)
+
+
+def reinforce_per_token_loss(
+    ratios: RatioTensors,
+    advantages: torch.Tensor,
+    regions: ClipRegions,
+    spec: RPGLossSpec,
+    reward_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """REINFORCE-style surrogate (Table 2, Appendix F, Eq. 4.1): ``−SG(W)·log w`` per token, (B, T), 0 on inactive
+    tokens (where ``log w = 0``); its gradient with respect to ``log π_θ`` is ``−W``.
+
+    ``W = [w·A if the reward term is active] − β·K̃`` with ``K̃`` from [`kl_weights`] (``kl_clip_mode``'s weight
+    outside the trust region when the clip is on). The gradient flows through the unclamped token log-ratio.
+    """
+    with torch.no_grad():
+        negative_weight = ratios.w.detach() * -advantages  # −w·A
+        if spec.clip:
+            negative_weight.masked_fill_(regions.any, 0.0)
+        if reward_mask is not None:
+            negative_weight.mul_(reward_mask)
+        negative_weight.add_(kl_weights(ratios, spec, regions), alpha=spec.beta)  # −W = −w·A + β·K
+    return negative_weight * ratios.token_log_ratio
+
+
+#: The gradient estimators (Proposition 4.1: the same gradient), one signature:
+#: ``(ratios, advantages, regions, spec, reward_mask) -> per-token loss`` (B, T), 0 on inactive tokens;
+#: `reward_mask` multiplies the reward term only.
+ESTIMATOR_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
+    "reinforce": reinforce_per_token_loss,
+    "differentiable": differentiable_per_token_loss,
+}
+
+
+ESTIMATORS = tuple(ESTIMATOR_FUNCTIONS)
+
+
+def aggregate_loss(
+    per_token_loss: torch.Tensor,
+    mask: torch.Tensor,
+    aggregation: str,
+    num_items: float | torch.Tensor | None = None,
+    max_length: int | None = None,
+) -> torch.Tensor:
+    """Reduce a (B, T) per-token loss to a scalar.
+
+    * ``"token-mean"``: ``Σ loss·mask / N`` with ``N = mask.sum()``, or ``N = num_items`` when given (the trainer
+      passes its global token count so that gradient accumulation and multi-process runs equal one large batch).
+    * ``"seq-mean-token-mean"``: mean over sequences of each sequence's token mean (GRPO's original aggregation).
+    * ``"seq-mean-token-sum"``: mean over sequences of each sequence's token sum (LUSPO).
+    * ``"seq-mean-token-sum-norm"``: ``Σ loss·mask / (B·max_length)`` (Dr. GRPO); ``max_length`` defaults to ``T``.
+    """
+    _check_choice("aggregation", aggregation, AGGREGATIONS)
+    masked = per_token_loss * mask
+    if aggregation == "token-mean":
+        normalizer = mask.sum() if num_items is None else num_items
+        if torch.is_tensor(normalizer):
+            normalizer = normalizer.to(masked.dtype).clamp(min=1.0)
+        else:
+            normalizer = max(float(normalizer), 1.0)
+        return masked.sum() / normalizer
+    if aggregation == "seq-mean-token-mean":
+        return (masked.sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if aggregation == "seq-mean-token-sum-norm":
+        length = mask.size(-1) if max_length is None else max_length
+        return masked.sum() / (mask.size(0) * length)
+    return masked.sum(-1).mean()
+
+
+#: The per-token means of [`summarize_stats`] (fractions of the active tokens), in the order the trainers log them.
+TOKEN_MEAN_METRICS = (
+    "kl",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/dual_mean",
+    "clip_ratio/region_mean",
+    "importance_weight/mean",
+)
+
+
+def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Reduce the per-token stats of [`rpg_per_token_loss`] to the detached scalar metrics of [`rpg_loss`]; `mask` is
+    the mask they were computed with (the per-token stats are 0 outside it, so only the weight needs it)."""
+    with torch.no_grad():
+        w = stats["importance_weight"]
+        mask = mask.to(w.dtype)
+        num_tokens = mask.sum()
+        weighted = w * mask
+        per_token = (stats["kl"], stats["is_low_clipped"], stats["is_high_clipped"], stats["is_dual_clipped"])
+        sums = [x.sum().to(w.dtype) for x in (*per_token, stats["is_clipped"])] + [weighted.sum()]
+        metrics = dict(zip(TOKEN_MEAN_METRICS, (torch.stack(sums) / num_tokens.clamp(min=1.0)).unbind()))
+        # Masked extremes without boolean indexing (which copies and synchronises); NaN when no token is active. The
+        # largest: w > 0 on active tokens and w·mask = 0 elsewhere.
+        w_min = torch.where(mask > 0, w, math.inf).amin()
+        has_tokens = num_tokens > 0
+        metrics["importance_weight/max"] = torch.where(has_tokens, weighted.amax(), math.nan)
+        metrics["importance_weight/min"] = torch.where(has_tokens, w_min, math.nan)
+        metrics["num_tokens"] = num_tokens
+        # Mean over the completions that have tokens of the whole-completion divergence estimate.
+        has_sequence = mask.sum(-1) > 0
+        metrics["kl/sequence"] = (stats["sequence_kl"] * has_sequence).sum() / has_sequence.sum().clamp(min=1)
+        metrics["num_sequences"] = has_sequence.sum().to(w.dtype)
+        return metrics
+
+
+def nan_extreme(values: torch.Tensor, largest: bool) -> torch.Tensor:
+    """The largest (or smallest) non-NaN entry of `values`, NaN when all are NaN: TRL's `nanmax`/`nanmin` computed on
+    the device (theirs index by a boolean mask and test a device value, and each waits for the device)."""
+    is_nan = values.isnan()
+    kept = torch.where(is_nan, -math.inf if largest else math.inf, values)  # Python scalars: no tensor to fill
+    extreme = kept.amax() if largest else kept.amin()
+    return torch.where(is_nan.all(), math.nan, extreme)

@@ -86,13 +86,13 @@ def test_a_sigterm_to_pytest_ends_the_sessions_its_tests_started(tmp_path):
 
 def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_path):
     """`.ci/run` in a copy of the repository's `.ci/` with stand-ins (as in tests/test_docs.py): `pip` and the README
-    test command succeed, the background jobs (`.ci/vllm install`, `.ci/wheel`) and the
+    test command succeed, the background jobs (`.ci/vllm install`, `.ci/wheel`, `.ci/torch_floor`) and the
     baseline-kernel step (`python` under `ATEN_CPU_CAPABILITY`) sleep and record their process ids, a child of theirs
     too. A SIGTERM to `.ci/run` ends it within seconds (status 143, the step named on the last line) and leaves none of
     them running: bash had deferred the trap until the step in the foreground ended (here 300 s)."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
-    jobs = ("vllm", "wheel")
+    jobs = ("vllm", "wheel", "torch_floor")
     for name in jobs:
         record = f"echo $$ $! > {tmp_path}/{name}.tmp\nmv {tmp_path}/{name}.tmp {tmp_path}/{name}.pids"
         (tmp_path / ".ci" / name).write_text(f"sleep 300 &\n{record}\nwait\n")
@@ -113,7 +113,7 @@ def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_pa
     try:
         for name in (*jobs, "step"):
             pids += _wait_for(tmp_path / f"{name}.pids", ci, timeout=30)
-        assert len(_running(pids)) == 6, pids
+        assert len(_running(pids)) == 8, pids
         sent = time.monotonic()
         ci.send_signal(signal.SIGTERM)
         _, stderr = ci.communicate(timeout=30)

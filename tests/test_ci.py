@@ -3,13 +3,14 @@ sessions of their own (CI's steps and background jobs, the tests' vLLM servers a
 tests of `.ci/run` itself run it in a copy of `.ci/` with stand-ins (tests/test_docs.py has another)."""
 
 import os
-import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from helpers import sessions
 
@@ -84,18 +85,21 @@ def test_a_sigterm_to_pytest_ends_the_sessions_its_tests_started(tmp_path):
         _end(pytest_run, pids)
 
 
-def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_path):
+@pytest.mark.parametrize("ignores_sigterm", [False, True], ids=["ends-on-sigterm", "ignores-sigterm"])
+def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_path, ignores_sigterm):
     """`.ci/run` in a copy of the repository's `.ci/` with stand-ins (as in tests/test_docs.py): `pip` and the README
     test command succeed, the background jobs (`.ci/vllm install`, `.ci/wheel`, `.ci/torch_floor`) and the
     baseline-kernel step (`python` under `ATEN_CPU_CAPABILITY`) sleep and record their process ids, a child of theirs
     too. A SIGTERM to `.ci/run` ends it within seconds (status 143, the step named on the last line) and leaves none of
-    them running: bash had deferred the trap until the step in the foreground ended (here 300 s)."""
+    them running: bash had deferred the trap until the step in the foreground ended (here 300 s). A job that ignores
+    SIGTERM (the stand-in of `.ci/torch_floor` and its child, in the second case) gets SIGKILL after 10 s."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
     jobs = ("vllm", "wheel", "torch_floor")
     for name in jobs:
         record = f"echo $$ $! > {tmp_path}/{name}.tmp\nmv {tmp_path}/{name}.tmp {tmp_path}/{name}.pids"
-        (tmp_path / ".ci" / name).write_text(f"sleep 300 &\n{record}\nwait\n")
+        ignore = "trap '' TERM\n" if ignores_sigterm and name == "torch_floor" else ""
+        (tmp_path / ".ci" / name).write_text(f"{ignore}sleep 300 &\n{record}\nwait\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "pip").write_text("#!/bin/sh\nexit 0\n")
@@ -119,7 +123,7 @@ def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_pa
         _, stderr = ci.communicate(timeout=30)
         took = time.monotonic() - sent
         assert ci.returncode == 143, stderr
-        assert took < 5, (took, stderr)
+        assert took < (15 if ignores_sigterm else 5), (took, stderr)
         assert stderr.strip().splitlines()[-1].startswith(
             "== FAILED: numerics-sensitive tests under ATEN_CPU_CAPABILITY=default (exit status 143"
         ), stderr

@@ -227,6 +227,13 @@ stage_setup() {
     else
         echo "No carried wheels (--wheels '$WHEELS'): the packages installed for $PY are used"
     fi
+    # rpg_trl's torch requirement (setup.cfg's floor), resolved by pip against the image's torch with no index, as
+    # `pip install rpg_trl` resolves it on a user's machine: the floor is the oldest torch CI tests (.ci/torch_floor)
+    # and the image's torch meets it, so pip keeps that torch; a floor above it stops the run here (pip would replace
+    # a user's torch). The carried wheels go in with --no-deps only because --target ignores what is installed.
+    local floor
+    floor="$(sed -n 's/^ *\(torch>=[0-9.]*\) *$/\1/p' setup.cfg)"
+    limited "$PY" -m pip install --no-index --no-cache-dir "$floor" | tee "$RESULTS/torch_floor.txt"
     # Device, driver, versions, date and commit; stops here if a package is missing or (GPU run) CUDA is not there.
     limited "$PY" examples/gpu_stages.py env "$RESULTS/env.json" "$DEVICE"
     "$PY" -m pip check >"$RESULTS/pip_check.txt" 2>&1 || echo "note: pip check reports conflicts (see $RESULTS/pip_check.txt)"

@@ -11,6 +11,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
 
+def pytest_configure(config):
+    # A SIGTERM to pytest ends the processes the tests started first, the vLLM servers and 2-process launches in
+    # sessions of their own among them (helpers/sessions.py).
+    from helpers import sessions
+
+    sessions.install()
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch

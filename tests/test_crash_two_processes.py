@@ -23,7 +23,7 @@ import pytest
 
 from rpg_trl.reliability.checkpoints import last_complete_checkpoint
 
-from helpers import save_crash_two_proc, save_faults
+from helpers import save_crash_two_proc, save_faults, sessions
 from helpers.ports import free_port
 
 
@@ -63,9 +63,7 @@ def _launch(model_dir, output_dir, *, kill=None, resume=False, zero2=False):
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
         cmd += ["--master_port", str(free_port()), *script]
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
+    proc = sessions.popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:

@@ -49,17 +49,17 @@ def test_no_document_cites_files_outside_the_repository():
 
 def test_ci_stops_its_background_jobs_and_names_the_first_failure(tmp_path):
     """`.ci/run` in a copy of the repository's `.ci/` with stand-ins: `pip` succeeds, `python` fails under
-    `ATEN_CPU_CAPABILITY` (the second test run), and the background jobs (`.ci/vllm install`, `.ci/wheel`) sleep
-    and record their process ids, a child of theirs too. The run fails at once, names the failing step on its last
-    line, and leaves no background process running."""
+    `ATEN_CPU_CAPABILITY` (the second test run), and the background jobs (`.ci/vllm install`, `.ci/wheel`,
+    `.ci/torch_floor`) sleep and record their process ids, a child of theirs too. The run fails at once, names the
+    failing step on its last line, and leaves no background process running (tests/test_ci.py: after a SIGTERM)."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
-    for name in ("vllm", "wheel"):
+    for name in ("vllm", "wheel", "torch_floor"):
         (tmp_path / ".ci" / name).write_text(f"sleep 300 &\necho $$ $! > {tmp_path}/{name}.pids\nwait\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "pip").write_text("#!/bin/sh\nexit 0\n")
-    started = f"[ -f {tmp_path}/vllm.pids ] && [ -f {tmp_path}/wheel.pids ]"  # both background jobs are running
+    started = " && ".join(f"[ -f {tmp_path}/{name}.pids ]" for name in ("vllm", "wheel", "torch_floor"))  # all running
     (bin_dir / "python").write_text(
         f'#!/bin/sh\n[ -z "$ATEN_CPU_CAPABILITY" ] && exit 0\nuntil {started}; do sleep 0.1; done\nexit 3\n'
     )
@@ -75,7 +75,7 @@ def test_ci_stops_its_background_jobs_and_names_the_first_failure(tmp_path):
         .startswith("== FAILED: numerics-sensitive tests under ATEN_CPU_CAPABILITY=default (exit status 3")
     ), proc.stderr
     assert time.monotonic() - started < 30
-    for name in ("vllm", "wheel"):
+    for name in ("vllm", "wheel", "torch_floor"):
         pids = [int(pid) for pid in (tmp_path / f"{name}.pids").read_text().split()]
         assert len(pids) == 2  # the job's shell and its sleep
         for pid in pids:  # gone, or a zombie, within a second (a signalled process takes a moment to end)

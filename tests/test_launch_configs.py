@@ -29,6 +29,7 @@ from safetensors.torch import load_file
 from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
 from rpg_trl.tools.toy import no_activation_checkpointing
 
+from helpers import sessions
 from helpers.ports import free_port
 from helpers.tiny_runs import assert_close_in_norm, save_math_assets
 
@@ -139,9 +140,7 @@ def _launch(assets, name, config, script_args, machines=1) -> Run:
     try:
         for command, log in zip(commands, logs):
             with open(log, "w") as f:  # each launcher leads its own process group, killed with it if it hangs
-                process = subprocess.Popen(
-                    command, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=assets["root"], start_new_session=True
-                )
+                process = sessions.popen(command, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=assets["root"])
                 processes.append(process)
         for process in processes:
             process.wait(timeout=TIMEOUT)

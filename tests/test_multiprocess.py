@@ -19,7 +19,7 @@ import torch
 
 from rpg_trl.losses import AGGREGATIONS
 
-from helpers import mp_worker
+from helpers import mp_worker, sessions
 from helpers.ports import free_port
 
 
@@ -101,9 +101,7 @@ def test_aggregations_really_differ(two_process_runs):
 
 def _run_two_processes(cmd, env, cwd, timeout):
     """(exit code, stderr) of a `torch.distributed.run` launch; exit code None if it hung (its ranks are killed)."""
-    proc = subprocess.Popen(
-        cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
+    proc = sessions.popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _, stderr = proc.communicate(timeout=timeout)
         return proc.returncode, stderr

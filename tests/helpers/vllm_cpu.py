@@ -27,6 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import sessions
 from .ports import free_port
 
 
@@ -110,13 +111,9 @@ class VLLMServer:
         command += ["--worker-extension-cls", "helpers.vllm_cpu.CPUWeightReceiver", *self.extra_args]
         env = vllm_cpu_env(self.workdir / "tmp", PYTHONPATH=pythonpath)
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                command,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
+            # In a session of its own, ended with pytest on a SIGTERM (helpers.sessions).
+            self.process = sessions.popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

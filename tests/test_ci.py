@@ -1,0 +1,136 @@
+"""CI stops cleanly: a SIGTERM to `.ci/run`, or to pytest, ends within seconds every process they started, those in
+sessions of their own (CI's steps and background jobs, the tests' vLLM servers and 2-process launches) included. The
+tests of `.ci/run` itself run it in a copy of `.ci/` with stand-ins (tests/test_docs.py has another)."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import sessions
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _running(pids) -> list[int]:
+    """Those of `pids` that still run (a zombie has ended: only its parent's wait is missing)."""
+    left = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if state != "Z":
+            left.append(pid)
+    return left
+
+
+def _wait_for(path: Path, process: subprocess.Popen, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert process.poll() is None, process.communicate()[0]
+        assert time.monotonic() < deadline, f"{path.name} not written in {timeout} s"
+        time.sleep(0.05)
+    return [int(pid) for pid in path.read_text().split()]
+
+
+def _end(process: subprocess.Popen, pids) -> None:
+    """Cleanup whatever the test left (nothing, when it passes)."""
+    for pid in [process.pid, *pids]:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    process.communicate()
+
+
+def test_a_sigterm_to_pytest_ends_the_sessions_its_tests_started(tmp_path):
+    """pytest runs tests/helpers/sigterm_probe.py, whose test starts a session of its own as the vLLM server fixture
+    does (a shell and its sleeping child) and a plain child, then sleeps. A SIGTERM to pytest ends it within seconds
+    (with SIGTERM's status, as without the handler) and leaves none of them running: without tests/conftest.py's
+    handler (helpers/sessions.py) pytest ended at once and the session, out of reach of its process group, went on."""
+    out = tmp_path / "pids"
+    env = dict(os.environ, RPG_PROBE_PIDS=str(out))
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/helpers/sigterm_probe.py"]
+    pytest_run = sessions.popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    pids = []
+    try:
+        pids = _wait_for(out, pytest_run, timeout=120)
+        # The session's shell (twice: its own id and the leader's), its sleep, the plain child.
+        assert len(set(_running(pids))) == 3, pids
+        sent = time.monotonic()
+        pytest_run.send_signal(signal.SIGTERM)
+        pytest_run.wait(timeout=30)
+        took = time.monotonic() - sent
+        assert pytest_run.returncode == -signal.SIGTERM, pytest_run.communicate()[0]
+        assert took < 10, took
+        deadline = time.monotonic() + 2  # a signalled process takes a moment to end
+        while _running(pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pids), f"left running after pytest's SIGTERM: {_running(pids)}"
+    finally:
+        _end(pytest_run, pids)
+
+
+@pytest.mark.parametrize("ignores_sigterm", [False, True], ids=["ends-on-sigterm", "ignores-sigterm"])
+def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_path, ignores_sigterm):
+    """`.ci/run` in a copy of the repository's `.ci/` with stand-ins (as in tests/test_docs.py): `pip` and the README
+    test command succeed, the background jobs (`.ci/vllm install`, `.ci/wheel`, `.ci/torch_floor`) and the
+    baseline-kernel step (`python` under `ATEN_CPU_CAPABILITY`) sleep and record their process ids, a child of theirs
+    too. A SIGTERM to `.ci/run` ends it within seconds (status 143, the step named on the last line) and leaves none of
+    them running: bash had deferred the trap until the step in the foreground ended (here 300 s). A job that ignores
+    SIGTERM (the stand-in of `.ci/torch_floor` and its child, in the second case) gets SIGKILL after 10 s."""
+    (tmp_path / ".ci").mkdir()
+    shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+    jobs = ("vllm", "wheel", "torch_floor")
+    for name in jobs:
+        record = f"echo $$ $! > {tmp_path}/{name}.tmp\nmv {tmp_path}/{name}.tmp {tmp_path}/{name}.pids"
+        ignore = "trap '' TERM\n" if ignores_sigterm and name == "torch_floor" else ""
+        (tmp_path / ".ci" / name).write_text(f"{ignore}sleep 300 &\n{record}\nwait\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pip").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "python").write_text(
+        '#!/bin/sh\n[ -z "$ATEN_CPU_CAPABILITY" ] && exit 0\n'
+        f"sleep 300 &\necho $$ $! > {tmp_path}/step.tmp\nmv {tmp_path}/step.tmp {tmp_path}/step.pids\nwait\n"
+    )
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    ci = sessions.popen(
+        ["bash", ".ci/run"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    pids = []
+    try:
+        for name in (*jobs, "step"):
+            pids += _wait_for(tmp_path / f"{name}.pids", ci, timeout=30)
+        assert len(_running(pids)) == 8, pids
+        sent = time.monotonic()
+        ci.send_signal(signal.SIGTERM)
+        _, stderr = ci.communicate(timeout=30)
+        took = time.monotonic() - sent
+        assert ci.returncode == 143, stderr
+        assert took < (15 if ignores_sigterm else 5), (took, stderr)
+        assert stderr.strip().splitlines()[-1].startswith(
+            "== FAILED: numerics-sensitive tests under ATEN_CPU_CAPABILITY=default (exit status 143"
+        ), stderr
+        deadline = time.monotonic() + 2
+        while _running(pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pids), f"left running after CI's SIGTERM: {_running(pids)}"
+    finally:
+        _end(ci, pids)
+

@@ -126,8 +126,6 @@ def cached_warm_start(
             print(f"Reusing the warm start in {directory}")
             return saved["report"]
     print(f"Warm start of seed {seed}: {steps} supervised steps")
-    _, _, report = warm_start(
-        splits, str(directory), steps=steps, seed=seed, extra_rounds=extra_rounds, device=device
-    )
+    _, _, report = warm_start(splits, str(directory), steps=steps, seed=seed, extra_rounds=extra_rounds, device=device)
     marker.write_text(json.dumps({"settings": settings, "report": asdict(report)}, indent=2) + "\n")
     return asdict(report)

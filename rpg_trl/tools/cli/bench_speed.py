@@ -438,7 +438,7 @@ def run(opts) -> dict:
     report["ratios"] = ratios(runs)
     aa = report["ratios"].get(COMPARISONS[0][0])
     report["noise_band"] = None if aa is None or opts.repeats < 2 else aa["band"]
-    report["loss_only"] = loss_only(opts)
+    report["loss_only"] = loss_only(opts) if opts.loss_repeats > 0 else None  # --loss-repeats 0: not measured
     report["targets"] = targets(summary, runs, report["ratios"], report["noise_band"], report["loss_only"], opts.lora)
     text = format_report(report, opts)
     print(text)
@@ -532,6 +532,8 @@ def targets(summary: dict, runs: dict, ratios_: dict, band: float | None, loss: 
             "rule": "|step-time ratio - 1| <= the A/A band (the A/A ratio's largest distance from 1 over the repeats)",
             "met": None if band is None else abs(value - 1) <= band,
         }
+    if loss is None:
+        return out
     out["(c)"] = {
         "value": loss["ratio"],
         "rule": f"the loss alone, in training mode, <= {TARGET_C:.2f} x GRPO's",
@@ -589,14 +591,17 @@ def format_report(report: dict, opts) -> str:
     lines += ["", f"noise band (A/A): {'none (one repeat or no A/A pair)' if band is None else f'1.00 ± {band:.3f}'}"]
     lines += format_targets(report["targets"])
     lines += ["", breakdown_table(summary), ""]
-    lines += [
-        f"(c) loss alone, B={opts.loss_batch}, T={opts.loss_length}, training mode: RPG {loss['rpg_loss_s'] * 1e3:.2f} "
-        f"ms (IQR {loss['rpg_loss_iqr_s'] * 1e3:.2f}), GRPO {loss['grpo_loss_s'] * 1e3:.2f} ms (IQR "
-        f"{loss['grpo_loss_iqr_s'] * 1e3:.2f}), ratio {loss['ratio']:.3f} (per round "
-        f"{loss['ratio_per_round']['min']:.3f}-{loss['ratio_per_round']['max']:.3f}; {loss['rounds']} rounds of "
-        f"{loss['calls_per_round']} calls, {loss['timer']})",
-        f"one model's weights: {_mib(summary['grpo-ref']['model_weight_bytes'])} MiB",
-    ]
+    if loss is None:
+        lines.append("(c) loss alone: not measured in this command (--loss-repeats 0)")
+    else:
+        lines.append(
+            f"(c) loss alone, B={opts.loss_batch}, T={opts.loss_length}, training mode: "
+            f"RPG {loss['rpg_loss_s'] * 1e3:.2f} ms (IQR {loss['rpg_loss_iqr_s'] * 1e3:.2f}), GRPO {loss['grpo_loss_s'] * 1e3:.2f} ms (IQR "
+            f"{loss['grpo_loss_iqr_s'] * 1e3:.2f}), ratio {loss['ratio']:.3f} (per round "
+            f"{loss['ratio_per_round']['min']:.3f}-{loss['ratio_per_round']['max']:.3f}; {loss['rounds']} rounds of "
+            f"{loss['calls_per_round']} calls, {loss['timer']})"
+        )
+    lines.append(f"one model's weights: {_mib(summary['grpo-ref']['model_weight_bytes'])} MiB")
     return "\n".join(lines)
 
 
@@ -671,7 +676,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--loss-batch", type=int, default=64, help="B of the loss-only benchmark (c)")
     parser.add_argument("--loss-length", type=int, default=4096, help="T of the loss-only benchmark (c)")
-    parser.add_argument("--loss-repeats", type=int, default=15, help="timed rounds of each loss (alternating)")
+    parser.add_argument(
+        "--loss-repeats", type=int, default=15, help="timed rounds of each loss (alternating); 0: (c) not measured"
+    )
     parser.add_argument("--loss-number", type=int, default=10, help="calls per round (their mean is the round's time)")
     parser.add_argument("--loss-warmup", type=int, default=2, help="untimed rounds first")
     parser.add_argument(

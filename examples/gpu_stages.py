@@ -272,7 +272,7 @@ def _bench_tables(reports: list[dict]) -> list[str]:
                 f"{head} {label} | {ratio} | {r['peak_memory']:.3f} | {r['peak_memory_saved_bytes'] / 2**20:.1f} |"
             )
         if "targets" in report:
-            from rpg_trl.tools.cli.bench_speed import format_targets
+            from rpg_trl.tools.cli.bench_speed_report import format_targets
 
             band = report.get("noise_band")
             targets.append(f"{title}: noise band (A/A) " + ("none" if band is None else f"1.00 ± {band:.3f}"))
@@ -285,7 +285,7 @@ def _bench_tables(reports: list[dict]) -> list[str]:
                 f"GRPO {loss['grpo_loss_s'] * 1e3:.2f} ms, ratio {loss['ratio']:.3f}"
             )
         if all("breakdown_s" in run for run in report["runs"].values()):  # bench-speed since 2026-11-26
-            from rpg_trl.tools.cli.bench_speed import breakdown_table
+            from rpg_trl.tools.cli.bench_speed_report import breakdown_table
 
             breakdowns += ["", f"{title}:", "", breakdown_table(report["runs"])]
     return lines + runs + ratios + targets + losses + breakdowns

@@ -1,4 +1,5 @@
-"""`rpg-trl bench-speed --quick` runs end to end, reports consistent numbers and writes them with `--output-json`."""
+"""`rpg-trl bench-speed --quick` runs end to end, reports consistent numbers and writes them with `--output-json`; its
+report (`rpg_trl.tools.cli.bench_speed_report`): the ratios, the noise band and the targets."""
 
 import argparse
 import json
@@ -153,7 +154,7 @@ def test_repeats_rotate_the_order_and_share_a_process_on_cuda():
 
 def test_targets_and_the_noise_band_from_per_repeat_times():
     """(a) the time saved against GRPO's own reference pass, (b) against the A/A band, (c) against 1.05."""
-    from rpg_trl.tools.cli.bench_speed import _summarize, ratios, targets
+    from rpg_trl.tools.cli.bench_speed_report import ratios, summarize, targets
 
     def run(step, reference_pass, peak):
         breakdown = dict.fromkeys(PHASES, 0.0) | {"scoring: reference log-probs": reference_pass}
@@ -178,7 +179,7 @@ def test_targets_and_the_noise_band_from_per_repeat_times():
     out = ratios(runs)
     aa = out["(A/A) GRPO vs GRPO, the same run"]
     assert aa["step_time"] == pytest.approx(1.00) and aa["band"] == pytest.approx(0.02)
-    summary = {name: _summarize(results) for name, results in runs.items()}
+    summary = {name: summarize(results) for name, results in runs.items()}
     loss = {"ratio": 1.04, "model_training": True}
     result = targets(summary, runs, out, aa["band"], loss, lora=False)
     assert result["(a) time"]["value"] == pytest.approx(0.95) and result["(a) time"]["met"]  # 95 ms of 100 ms

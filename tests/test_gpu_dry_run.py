@@ -182,7 +182,7 @@ def test_summary_says_what_each_bench_timed_and_its_targets(tmp_path):
     and the targets; a command that skipped the loss alone (--loss-repeats 0) says nothing of (c)."""
     gpu_stages = _load_example("gpu_stages")
     run = {"step_time_s": 0.3, "step_time_min_s": 0.29, "step_time_max_s": 0.31, "tokens_per_s": 27000.0}
-    from rpg_trl.tools.cli.bench_speed import PHASES
+    from rpg_trl.tools.cli.bench_speed_report import PHASES
 
     run |= {"peak_memory_bytes": 2**30, "breakdown_s": dict.fromkeys(PHASES, 0.3 / len(PHASES))}
     report = {

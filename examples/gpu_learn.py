@@ -95,8 +95,7 @@ def train_job(spec: dict, run_dir: str) -> dict:
 
 
 def _specs(args) -> list[tuple[dict, str]]:
-    from rpg_trl.tools.cli.runs import library_versions
-
+    """The runs (spec, folder); the versions are env.json's (rpg_trl runs from the tree, with no package metadata)."""
     jobs = []
     for mode in args.modes:
         for arm in ARMS:
@@ -112,7 +111,6 @@ def _specs(args) -> list[tuple[dict, str]]:
                     "eval_every": args.eval_every,
                     "eval_problems": args.eval_problems,
                     "eval_samples": 4,
-                    "versions": dict(library_versions()),
                 }
                 jobs.append((spec, os.path.join(args.results, "learn", f"{arm}-{mode}", f"seed{seed}")))
     return jobs

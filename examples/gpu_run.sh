@@ -20,8 +20,8 @@
 #             rpg-trl bench-speed --device cuda at 1024 / 4096 completion tokens, full fine-tuning and LoRA, on a ~0.6B
 #             Qwen3 with Qwen3's vocabulary (151,936; random weights, fixed synthetic completions: generation not
 #             timed): at 1024 tokens 3 repeats in rotated order with the A/A pair (GRPO twice), at 4096 one repeat of
-#             GRPO and both RPG anchors; the loss alone (c) once per stage; one saved model per stage, removed at its
-#             end.
+#             GRPO and both RPG anchors; the loss alone (c) once per stage; one saved model for both stages, removed
+#             at exit.
 #
 # Each stage runs under a deadline (--limits; defaults below) and the results are summarised and archived after each
 # stage and at exit, so a call cut short still brings back what it finished. Everything lands in the results folder
@@ -137,14 +137,14 @@ done
 
 # ------------------------------------------------------------------------------------------------------ deadlines
 # Seconds per stage, `setup` included (the install and the checks before the first stage). On the GPU: call 1
-# (learn,tests) 30+170+140 = 340 s, call 2 (bench-1k,bench-4k) 30+290+120 = 440 s, each 30 s inside its device call's
+# (learn,tests) 30+170+140 = 340 s, call 2 (bench-1k,bench-4k) 30+320+90 = 440 s, each 30 s inside its device call's
 # timeout_s for the summary and the archive (docs/benchmarks.md). The dry run on 2 CPU cores takes longer.
 # --limits learn=200,tests=300 overrides some.
 declare -A LIMIT
 if [[ $DRY_RUN == 1 ]]; then
     LIMIT=([setup]=300 [learn]=900 [e2e]=600 [tests]=900 [bench-1k]=900 [bench-4k]=600)
 else
-    LIMIT=([setup]=30 [learn]=170 [e2e]=120 [tests]=140 [bench-1k]=290 [bench-4k]=120)
+    LIMIT=([setup]=30 [learn]=170 [e2e]=120 [tests]=140 [bench-1k]=320 [bench-4k]=90)
 fi
 for item in ${LIMITS//,/ }; do
     [[ $item == *=* && -n ${LIMIT[${item%%=*}]+x} ]] || { echo "gpu_run.sh: bad --limits entry $item" >&2; exit 2; }
@@ -331,8 +331,9 @@ stage_tests() {
 BENCH_LENGTH=""
 bench() {  # bench LENGTH MODE: the loss alone (c) with the first mode of a stage only (it does not depend on either)
     local length="$1" mode="$2" name="bench_speed_${2}_${1}" repeats
+    # One model for both stages (4096 + 64 positions: RoPE has no weights), built by the first, removed at exit.
     local args=(--device "$DEVICE" --completion-length "$length" --output-json "$RESULTS/$name.json"
-        --model-dir "$WORK/bench-model-$length")
+        --model-dir "$WORK/bench-model" --max-positions "$([[ $DRY_RUN == 1 ]] && echo 128 || echo 4160)")
     if [[ $length == 4096 || $length == 64 ]]; then  # the long stage: GRPO and both RPG anchors, once each
         repeats=1
         args+=(--scenarios grpo-ref,rpg-sampling,rpg-reference)
@@ -367,7 +368,6 @@ stage_bench() {
     for mode in ${modes//,/ }; do
         case "$mode" in full | lora) bench "$BENCH_LENGTH" "$mode" ;; *) echo "gpu_run.sh: unknown mode $mode" >&2; return 2 ;; esac
     done
-    rm -rf "$WORK/bench-model-$BENCH_LENGTH"  # the shared model (2.4 GB at 0.6B)
 }
 
 if has_stage learn; then run_stage learn stage_learn; fi

@@ -184,6 +184,7 @@ def test_targets_and_the_noise_band_from_per_repeat_times():
     result = targets(summary, runs, out, aa["band"], loss, lora=False)
     assert result["(a) time"]["value"] == pytest.approx(0.95) and result["(a) time"]["met"]  # 95 ms of 100 ms
     assert result["(a) memory"]["met"] and result["(a) memory"]["saved_bytes"] == 100
+    assert targets(summary, runs, out, aa["band"], loss, lora=False, cuda=False)["(a) memory"]["met"] is None  # RSS
     assert result["(b)"]["value"] == pytest.approx(1.01) and result["(b)"]["met"]  # |0.01| <= 0.02
     assert result["(c)"]["met"]
     assert (

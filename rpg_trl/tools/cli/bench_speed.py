@@ -96,7 +96,7 @@ def shared_model(opts, path) -> str:
         num_attention_heads=max(opts.hidden_size // 64, 2),
         num_key_value_heads=max(opts.hidden_size // 128, 1),
         intermediate_size=4 * opts.hidden_size,
-        max_position_embeddings=opts.completion_length + 64,
+        max_position_embeddings=max(opts.completion_length + 64, opts.max_positions or 0),
         vocab_size=vocab_size,
     )
 
@@ -425,7 +425,9 @@ def run(opts) -> dict:
     aa = report["ratios"].get(COMPARISONS[0][0])
     report["noise_band"] = None if aa is None or opts.repeats < 2 else aa["band"]
     report["loss_only"] = loss_only(opts) if opts.loss_repeats > 0 else None  # --loss-repeats 0: not measured
-    report["targets"] = targets(summary, runs, report["ratios"], report["noise_band"], report["loss_only"], opts.lora)
+    report["targets"] = targets(
+        summary, runs, report["ratios"], report["noise_band"], report["loss_only"], opts.lora, opts.device == "cuda"
+    )
     text = format_report(report, opts)
     print(text)
     if opts.output_json:
@@ -463,6 +465,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--completion-length", type=int, default=128)
+    parser.add_argument(
+        "--max-positions",
+        type=int,
+        default=None,
+        help="positions of the model built in --model-dir (default: the completion length + 64; the longest of the "
+        "commands that share the folder, so that one model serves them all)",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="completions per micro-batch")
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--steps-per-generation", type=int, default=2)

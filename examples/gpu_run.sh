@@ -20,8 +20,7 @@
 #             rpg-trl bench-speed --device cuda at 1024 / 4096 completion tokens, full fine-tuning and LoRA, on a ~0.6B
 #             Qwen3 with Qwen3's vocabulary (151,936; random weights, fixed synthetic completions: generation not
 #             timed): at 1024 tokens 3 repeats in rotated order with the A/A pair (GRPO twice), at 4096 one repeat of
-#             GRPO and both RPG anchors; the loss alone (c) once per stage; one saved model for both stages, removed
-#             at exit.
+#             GRPO and both RPG anchors; the loss alone (c) once; one saved model for both stages, removed at exit.
 #
 # Each stage runs under a deadline (--limits; defaults below) and the results are summarised and archived after each
 # stage and at exit, so a call cut short still brings back what it finished. Everything lands in the results folder
@@ -329,13 +328,14 @@ stage_tests() {
 
 # ---------------------------------------------------------------------------------------------------------- bench
 BENCH_LENGTH=""
-bench() {  # bench LENGTH MODE: the loss alone (c) with the first mode of a stage only (it does not depend on either)
+bench() {  # bench LENGTH MODE: the loss alone (c) with the first mode of bench-1k only (it depends on neither)
     local length="$1" mode="$2" name="bench_speed_${2}_${1}" repeats
     # One model for both stages (4096 + 64 positions: RoPE has no weights), built by the first, removed at exit.
     local args=(--device "$DEVICE" --completion-length "$length" --output-json "$RESULTS/$name.json"
         --model-dir "$WORK/bench-model" --max-positions "$([[ $DRY_RUN == 1 ]] && echo 128 || echo 4160)")
     if [[ $length == 4096 || $length == 64 ]]; then  # the long stage: GRPO and both RPG anchors, once each
         repeats=1
+        BENCH_LOSS=0
         args+=(--scenarios grpo-ref,rpg-sampling,rpg-reference)
     else
         repeats=3

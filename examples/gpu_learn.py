@@ -133,9 +133,11 @@ def run_training(args) -> None:
         if not os.path.isfile(os.path.join(folder, "warm_start.json")):
             sys.exit(f"gpu_learn.py: no warm start of seed {seed} in {folder}: run `warm-starts` first")
     jobs = _specs(args)
-    with job_pool(min(args.workers, len(jobs))) as pool:
-        run_jobs(jobs, train_job, pool=pool, desc="learning runs", describe=_describe)
-    summary(args.results)
+    try:
+        with job_pool(min(args.workers, len(jobs))) as pool:
+            run_jobs(jobs, train_job, pool=pool, desc="learning runs", describe=_describe)
+    finally:  # the runs that finished, even if one failed
+        summary(args.results)
 
 
 def _describe(spec: dict, result: dict) -> str:

@@ -7,7 +7,7 @@ fine-tuning and with LoRA, all the runs at once on the one GPU (one process each
 temperature 1 on 400 problems never trained on) at the start, every `--eval-every` steps and at the end.
 
     python examples/gpu_learn.py warm-starts WARM [--seeds 0,1,2] [--device cpu] [--sft-steps 1500]
-    python examples/gpu_learn.py train WARM RESULTS [--seeds 0,1,2] [--device cuda] [--steps 200] [--modes full,lora]
+    python examples/gpu_learn.py train WARM RESULTS [--seeds 0,1,2] [--device cuda] [--steps 400] [--modes full,lora]
     python examples/gpu_learn.py summary RESULTS
 
 `train` writes each run's result as it finishes (RESULTS/learn/<arm>-<mode>/seed<k>/result.json, with its trainer
@@ -253,7 +253,7 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default=None, help="default: cpu for the warm starts, cuda for the runs")
     parser.add_argument("--sft-steps", type=int, default=1500)
     parser.add_argument("--sft-extra-rounds", type=int, default=3, help="rounds added while the model cannot add")
-    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--steps", type=int, default=400, help="RL optimizer steps (the demo's 400)")
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--eval-problems", type=int, default=400)
     parser.add_argument("--modes", default="full,lora")

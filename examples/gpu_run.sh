@@ -5,8 +5,9 @@
 #
 #   learn     examples/gpu_learn.py: a model that learns, RPG beside GRPO. The demo's warm starts (seeds 0, 1, 2; carried
 #             in gpu_warm_starts/ or built here on CPU), each trained by RPG's default and by GRPOTrainer (beta 1e-4,
-#             the same reference), full fine-tuning and LoRA: 12 runs at once on the GPU (one process each), held-out
-#             accuracy before, during and after; learning.md, learning.json, learning_curves.png (where matplotlib is).
+#             the same reference), full fine-tuning and LoRA, 400 steps (the demo's): 12 runs at once on the GPU (one
+#             process each), held-out accuracy before, during and after; learning.md, learning.json and
+#             learning_curves.png (where matplotlib is).
 #   e2e       examples/rpg_math.py under `accelerate launch --num_processes 1`, transformers generation (no vLLM), on a
 #             locally built ~31M-parameter Qwen3 (hidden 512 x 8 layers, random weights, character tokenizer; the tiny
 #             one in the dry run) and a small local math parquet in the authors' (verl) schema: 20 steps with
@@ -136,14 +137,14 @@ done
 
 # ------------------------------------------------------------------------------------------------------ deadlines
 # Seconds per stage, `setup` included (the install and the checks before the first stage). On the GPU: call 1
-# (learn,tests) 30+170+140 = 340 s, call 2 (bench-1k,bench-4k) 30+320+90 = 440 s, each 30 s inside its device call's
+# (learn,tests) 30+195+135 = 360 s, call 2 (bench-1k,bench-4k) 30+300+90 = 420 s, each 30 s inside its device call's
 # timeout_s for the summary and the archive (docs/benchmarks.md). The dry run on 2 CPU cores takes longer.
 # --limits learn=200,tests=300 overrides some.
 declare -A LIMIT
 if [[ $DRY_RUN == 1 ]]; then
     LIMIT=([setup]=300 [learn]=900 [e2e]=600 [tests]=900 [bench-1k]=900 [bench-4k]=600)
 else
-    LIMIT=([setup]=30 [learn]=170 [e2e]=120 [tests]=140 [bench-1k]=320 [bench-4k]=90)
+    LIMIT=([setup]=30 [learn]=195 [e2e]=120 [tests]=135 [bench-1k]=300 [bench-4k]=90)
 fi
 for item in ${LIMITS//,/ }; do
     [[ $item == *=* && -n ${LIMIT[${item%%=*}]+x} ]] || { echo "gpu_run.sh: bad --limits entry $item" >&2; exit 2; }
@@ -264,7 +265,7 @@ stage_learn() {
         sizes=(--seeds 0,1,2 --eval-problems 400)
         if [[ -d gpu_warm_starts ]]; then warm="$ROOT/gpu_warm_starts"; fi
         limited "$PY" examples/gpu_learn.py warm-starts "$warm" "${sizes[@]}" --device cpu --workers 3
-        limited "$PY" examples/gpu_learn.py train "$warm" "$RESULTS" "${sizes[@]}" --device cuda --steps 200 \
+        limited "$PY" examples/gpu_learn.py train "$warm" "$RESULTS" "${sizes[@]}" --device cuda --steps 400 \
             --eval-every 50 --workers 12 2>&1 | tee "$RESULTS/learn.log"
     fi
 }

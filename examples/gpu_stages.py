@@ -6,7 +6,8 @@ records, builds the inputs, checks and summarises), each a function tested on CP
     python examples/gpu_stages.py e2e-inputs WORK              # the e2e model and math parquet
     python examples/gpu_stages.py e2e-check RESULTS WORK       # the e2e logs: 20 + 10 steps, finite RPG metrics
     python examples/gpu_stages.py pytest-check XML DRY_RUN     # the GPU tests' JUnit XML: no failure (no skip on GPU)
-    python examples/gpu_stages.py summary RESULTS              # summary.md: the tables of docs/benchmarks.md
+    python examples/gpu_stages.py summary RESULTS              # summary.md: the tables of docs/benchmarks.md (and
+                                                               # learning.md, of the learning runs that finished)
 """
 
 from __future__ import annotations
@@ -224,9 +225,13 @@ def summary(results: str) -> str:
     if os.path.exists(path):
         tail = [line for line in open(path).read().splitlines() if line.strip()][-1:]
         lines += [f"pytest: {tail[0] if tail else '?'}", ""]
-    path = os.path.join(results, "learning.md")
-    if os.path.exists(path):
-        lines += [open(path).read().rstrip(), ""]
+    if os.path.isdir(os.path.join(results, "learn")):  # the finished runs, also of a stage cut short by its deadline
+        if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # loaded by path (the tests)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gpu_learn import summary as learning_summary
+
+        learning_summary(results)
+        lines += [open(os.path.join(results, "learning.md")).read().rstrip(), ""]
     files = sorted(glob.glob(os.path.join(results, "bench_speed_*.json")))
     if files:
         lines += _bench_tables([json.load(open(path)) for path in files])

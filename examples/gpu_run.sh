@@ -3,6 +3,11 @@
 #
 # The GPU run of rpg_trl (docs/benchmarks.md): run from the repository root on a machine with one CUDA GPU.
 #
+#   learn     examples/gpu_learn.py: a model that learns, RPG beside GRPO. The demo's warm starts (seeds 0, 1, 2; carried
+#             in gpu_warm_starts/ or built here on CPU), each trained by RPG's default and by GRPOTrainer (beta 1e-4,
+#             the same reference), full fine-tuning and LoRA, 400 steps (the demo's): 12 runs at once on the GPU (one
+#             process each), held-out accuracy before, during and after; learning.md, learning.json and
+#             learning_curves.png (where matplotlib is).
 #   e2e       examples/rpg_math.py under `accelerate launch --num_processes 1`, transformers generation (no vLLM), on a
 #             locally built ~31M-parameter Qwen3 (hidden 512 x 8 layers, random weights, character tokenizer; the tiny
 #             one in the dry run) and a small local math parquet in the authors' (verl) schema: 20 steps with
@@ -13,9 +18,10 @@
 #             gradient checkpointing, the reward rising, LoRA with the "ref" adapter sync, DeepSpeed ZeRO-2 and ZeRO-3
 #             under `accelerate launch`); fails if any test skips.
 #   bench-1k, bench-4k
-#             rpg-trl bench-speed --device cuda at 1024 / 4096 completion tokens, full fine-tuning and LoRA: tokens/s
-#             and peak GPU memory of RPGTrainer against GRPOTrainer, side by side; one saved model for all the workers
-#             of a stage, removed at its end.
+#             rpg-trl bench-speed --device cuda at 1024 / 4096 completion tokens, full fine-tuning and LoRA, on a ~0.6B
+#             Qwen3 with Qwen3's vocabulary (151,936; random weights, fixed synthetic completions: generation not
+#             timed): at 1024 tokens 3 repeats in rotated order with the A/A pair (GRPO twice), at 4096 one repeat of
+#             GRPO and both RPG anchors; the loss alone (c) once; one saved model for both stages, removed at exit.
 #
 # Each stage runs under a deadline (--limits; defaults below) and the results are summarised and archived after each
 # stage and at exit, so a call cut short still brings back what it finished. Everything lands in the results folder
@@ -25,12 +31,13 @@
 # .tar.gz (the device tool brings back files written under $OUT: use --archive "$OUT/NAME.tar.gz").
 #
 # Usage:
-#   bash examples/gpu_run.sh [--dry-run] [--stages e2e,tests,bench-1k,bench-4k] [--results DIR] [--archive FILE]
+#   bash examples/gpu_run.sh [--dry-run] [--stages learn,e2e,tests,bench-1k,bench-4k] [--results DIR] [--archive FILE]
 #                            [--bench-repeats N] [--bench-modes full,lora] [--wheels DIR] [--limits STAGE=S,...]
 #   bash examples/gpu_run.sh --fetch-wheels [--wheels DIR]
 #
-# --dry-run does the same on CPU with the tiny Qwen3 of rpg_trl.tools.toy and tiny lengths (the GPU tests through
-# RPG_GPU_DRY_RUN=1, DeepSpeed skipped; bench-1k full and bench-4k LoRA only, unless --bench-modes is given), with the
+# --dry-run does the same on CPU with the tiny Qwen3 of rpg_trl.tools.toy and tiny lengths (the learning runs a few
+# steps from a short warm start of seed 0, the GPU tests through RPG_GPU_DRY_RUN=1, DeepSpeed skipped; bench-1k full and
+# bench-4k LoRA only, unless --bench-modes is given, a 512-row vocabulary, one repeat), with the
 # carried wheels installed exactly as on the GPU machine: run it with a Python 3.12 built like the GPU image
 # (examples/gpu_image_env.sh builds one: PYTHON=DIR/bin/python bash examples/gpu_run.sh --dry-run), or with
 # --wheels '' to use the packages installed here instead.
@@ -54,7 +61,7 @@ cd "$ROOT"
 PY="${PYTHON:-python3}"
 DRY_RUN=0
 FETCH=0
-STAGES="e2e,tests,bench-1k,bench-4k"
+STAGES="learn,tests,bench-1k,bench-4k"
 RESULTS=""
 ARCHIVE=""
 WHEELS="wheels"
@@ -63,7 +70,7 @@ BENCH_MODES="full,lora"
 BENCH_MODES_SET=0
 LIMITS=""
 
-usage() { sed -n '27,30p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '33,36p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -125,19 +132,19 @@ fi
 
 has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 for stage in ${STAGES//,/ }; do
-    case "$stage" in e2e | tests | bench-1k | bench-4k) ;; *) echo "gpu_run.sh: unknown stage $stage" >&2; exit 2 ;; esac
+    case "$stage" in learn | e2e | tests | bench-1k | bench-4k) ;; *) echo "gpu_run.sh: unknown stage $stage" >&2; exit 2 ;; esac
 done
 
 # ------------------------------------------------------------------------------------------------------ deadlines
 # Seconds per stage, `setup` included (the install and the checks before the first stage). On the GPU: call 1
-# (e2e,tests) 40+120+170 = 330 s, call 2 (bench-1k) 40+230 = 270 s, each 30 s inside its device call's timeout_s for
-# the summary and the archive (docs/benchmarks.md). The dry run on 2 CPU cores takes longer. --limits e2e=200,tests=300
-# overrides some.
+# (learn,tests) 30+195+135 = 360 s, call 2 (bench-1k,bench-4k) 30+300+90 = 420 s, each 30 s inside its device call's
+# timeout_s for the summary and the archive (docs/benchmarks.md). The dry run on 2 CPU cores takes longer.
+# --limits learn=200,tests=300 overrides some.
 declare -A LIMIT
 if [[ $DRY_RUN == 1 ]]; then
-    LIMIT=([setup]=300 [e2e]=600 [tests]=900 [bench-1k]=600 [bench-4k]=600)
+    LIMIT=([setup]=300 [learn]=900 [e2e]=600 [tests]=900 [bench-1k]=900 [bench-4k]=600)
 else
-    LIMIT=([setup]=40 [e2e]=120 [tests]=170 [bench-1k]=230 [bench-4k]=420)
+    LIMIT=([setup]=30 [learn]=195 [e2e]=120 [tests]=135 [bench-1k]=300 [bench-4k]=90)
 fi
 for item in ${LIMITS//,/ }; do
     [[ $item == *=* && -n ${LIMIT[${item%%=*}]+x} ]] || { echo "gpu_run.sh: bad --limits entry $item" >&2; exit 2; }
@@ -246,11 +253,29 @@ else
     export DS_ACCELERATOR=cuda  # the carried deepspeed wheel was built on a machine without CUDA
     DEVICE=cuda
 fi
-BENCH_REPEATS="${BENCH_REPEATS:-1}"
 # The carried wheels go to $WORK/site (setup), first on the path; then the repository (no install of rpg_trl needed).
 export PYTHONPATH="$WORK/site:$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 run_stage setup stage_setup
 if ((${#FAILED[@]})); then exit 1; fi
+
+# ---------------------------------------------------------------------------------------------------------- learn
+stage_learn() {
+    # The warm starts: carried (gpu_warm_starts/, built on CPU with `python examples/gpu_learn.py warm-starts
+    # gpu_warm_starts`: reused when their settings match) or built here, on CPU, one process per seed.
+    local warm="$WORK/warm_starts" sizes
+    if [[ $DRY_RUN == 1 ]]; then
+        sizes=(--seeds 0 --eval-problems 16)
+        limited "$PY" examples/gpu_learn.py warm-starts "$warm" "${sizes[@]}" --sft-steps 30 --sft-extra-rounds 0
+        limited "$PY" examples/gpu_learn.py train "$warm" "$RESULTS" "${sizes[@]}" --device cpu --steps 4 \
+            --eval-every 2 --workers 2 2>&1 | tee "$RESULTS/learn.log"
+    else
+        sizes=(--seeds 0,1,2 --eval-problems 400)
+        if [[ -d gpu_warm_starts ]]; then warm="$ROOT/gpu_warm_starts"; fi
+        limited "$PY" examples/gpu_learn.py warm-starts "$warm" "${sizes[@]}" --device cpu --workers 3
+        limited "$PY" examples/gpu_learn.py train "$warm" "$RESULTS" "${sizes[@]}" --device cuda --steps 400 \
+            --eval-every 50 --workers 12 2>&1 | tee "$RESULTS/learn.log"
+    fi
+}
 
 # ------------------------------------------------------------------------------------------------------------ e2e
 stage_e2e() {
@@ -311,18 +336,33 @@ stage_tests() {
 
 # ---------------------------------------------------------------------------------------------------------- bench
 BENCH_LENGTH=""
-bench() {  # bench LENGTH MODE
-    local length="$1" mode="$2" name="bench_speed_${2}_${1}"
-    local args=(--device "$DEVICE" --completion-length "$length" --repeats "$BENCH_REPEATS"
-        --output-json "$RESULTS/$name.json" --model-dir "$WORK/bench-model-$length")
-    if [[ $DRY_RUN == 1 ]]; then
-        args+=(--hidden-size 64 --num-layers 2 --batch-size 4 --num-generations 2 --steps 2 --warmup 2
-            --loss-batch 8 --loss-length 256 --loss-repeats 2 --loss-warmup 1 --num-threads 1 --timeout 300)
+bench() {  # bench LENGTH MODE: the loss alone (c) with the first mode of bench-1k only (it depends on neither)
+    local length="$1" mode="$2" name="bench_speed_${2}_${1}" repeats
+    # One model for both stages (4096 + 64 positions: RoPE has no weights), built by the first, removed at exit.
+    local args=(--device "$DEVICE" --completion-length "$length" --output-json "$RESULTS/$name.json"
+        --model-dir "$WORK/bench-model" --max-positions "$([[ $DRY_RUN == 1 ]] && echo 128 || echo 4160)")
+    if [[ $length == 4096 || $length == 64 ]]; then  # the long stage: GRPO and both RPG anchors, once each
+        repeats=1
+        BENCH_LOSS=0
+        args+=(--scenarios grpo-ref,rpg-sampling,rpg-reference)
     else
-        # ~0.44B parameters: hidden 1024 (16 heads, 8 KV heads, MLP 4096) x 28 layers; bf16, gradient checkpointing.
-        args+=(--hidden-size 1024 --num-layers 28 --batch-size 8 --gradient-checkpointing --timeout 150)
+        repeats=3
     fi
+    if [[ $DRY_RUN == 1 ]]; then
+        repeats=1
+        args+=(--hidden-size 64 --num-layers 2 --vocab-size 512 --batch-size 4 --num-generations 2 --steps 2
+            --warmup 2 --loss-batch 8 --loss-length 256 --loss-repeats 2 --loss-number 2 --loss-warmup 1
+            --num-threads 1 --timeout 300)
+    else
+        # ~0.6B parameters, Qwen3-0.6B's shape but for its MLP: hidden 1024 (16 heads, 8 KV heads, MLP 4096) x 28
+        # layers, Qwen3's vocabulary (151,936, tied embeddings); bf16 autocast, gradient checkpointing.
+        args+=(--hidden-size 1024 --num-layers 28 --vocab-size 151936 --gradient-checkpointing --timeout 150)
+        args+=(--batch-size "$([[ $length == 4096 ]] && echo 4 || echo 8)")
+    fi
+    args+=(--repeats "${BENCH_REPEATS:-$repeats}")
     [[ $mode == lora ]] && args+=(--lora)
+    [[ $BENCH_LOSS == 0 ]] && args+=(--loss-repeats 0)
+    BENCH_LOSS=0
     echo "== $name: rpg-trl bench-speed ${args[*]}"
     limited "$PY" -m rpg_trl.tools.cli bench-speed "${args[@]}" 2>&1 | tee "$RESULTS/$name.md"
 }
@@ -332,12 +372,13 @@ stage_bench() {
     if [[ $DRY_RUN == 1 && $BENCH_MODES_SET == 0 ]]; then  # each length and each mode once, to keep it short
         modes=$([[ $BENCH_LENGTH == 16 ]] && echo full || echo lora)
     fi
+    BENCH_LOSS=1
     for mode in ${modes//,/ }; do
         case "$mode" in full | lora) bench "$BENCH_LENGTH" "$mode" ;; *) echo "gpu_run.sh: unknown mode $mode" >&2; return 2 ;; esac
     done
-    rm -rf "$WORK/bench-model-$BENCH_LENGTH"  # the shared model (1.76 GB at 0.44B)
 }
 
+if has_stage learn; then run_stage learn stage_learn; fi
 if has_stage e2e; then run_stage e2e stage_e2e; fi
 if has_stage tests; then run_stage tests stage_tests; fi
 for stage in bench-1k bench-4k; do

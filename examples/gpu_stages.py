@@ -6,7 +6,8 @@ records, builds the inputs, checks and summarises), each a function tested on CP
     python examples/gpu_stages.py e2e-inputs WORK              # the e2e model and math parquet
     python examples/gpu_stages.py e2e-check RESULTS WORK       # the e2e logs: 20 + 10 steps, finite RPG metrics
     python examples/gpu_stages.py pytest-check XML DRY_RUN     # the GPU tests' JUnit XML: no failure (no skip on GPU)
-    python examples/gpu_stages.py summary RESULTS              # summary.md: the tables of docs/benchmarks.md
+    python examples/gpu_stages.py summary RESULTS              # summary.md: the tables of docs/benchmarks.md (and
+                                                               # learning.md, of the learning runs that finished)
 """
 
 from __future__ import annotations
@@ -224,48 +225,75 @@ def summary(results: str) -> str:
     if os.path.exists(path):
         tail = [line for line in open(path).read().splitlines() if line.strip()][-1:]
         lines += [f"pytest: {tail[0] if tail else '?'}", ""]
+    if os.path.isdir(os.path.join(results, "learn")):  # the finished runs, also of a stage cut short by its deadline
+        if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # loaded by path (the tests)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gpu_learn import summary as learning_summary
+
+        learning_summary(results)
+        lines += [open(os.path.join(results, "learning.md")).read().rstrip(), ""]
     files = sorted(glob.glob(os.path.join(results, "bench_speed_*.json")))
     if files:
-        lines += [
-            "| completion tokens | training | run | step time (s) | tokens/s | peak memory (MiB) |",
-            "|---|---|---|---|---|---|",
-        ]
-        ratios = [
-            "",
-            "| completion tokens | training | comparison | step time ratio | peak memory ratio | peak memory saved (MiB) |",
-            "|---|---|---|---|---|---|",
-        ]
-        losses, breakdowns = [""], []
-        for path in files:
-            report = json.load(open(path))
-            s = report["settings"]
-            head = f"| {s['completion_length']} | {'LoRA' if s['lora'] else 'full'} |"
-            for name, run in report["runs"].items():
-                lines.append(
-                    f"{head} {name} | {run['step_time_s']:.4f} | {run['tokens_per_s']:.0f} | "
-                    f"{run['peak_memory_bytes'] / 2**20:.1f} |"
-                )
-            for label, r in report["ratios"].items():
-                ratios.append(
-                    f"{head} {label} | {r['step_time']:.3f} | {r['peak_memory']:.3f} | "
-                    f"{r['peak_memory_saved_bytes'] / 2**20:.1f} |"
-                )
-            loss = report["loss_only"]
-            losses.append(
-                f"(c) loss alone ({head.strip('| ').replace(' | ', ' tokens, ')}), B={s['loss_batch']}, "
-                f"T={s['loss_length']}: RPG {loss['rpg_loss_s'] * 1e3:.2f} ms, GRPO {loss['grpo_loss_s'] * 1e3:.2f} ms, "
-                f"ratio {loss['ratio']:.3f}"
-            )
-            if all("breakdown_s" in run for run in report["runs"].values()):  # bench-speed since 2026-11-26
-                from rpg_trl.tools.cli.bench_speed import breakdown_table
-
-                title = head.strip("| ").replace(" | ", " tokens, ")
-                breakdowns += ["", f"{title}:", "", breakdown_table(report["runs"])]
-        lines += ratios + losses + breakdowns
+        lines += _bench_tables([json.load(open(path)) for path in files])
     text = "\n".join(lines) + "\n"
     with open(os.path.join(results, "summary.md"), "w") as f:
         f.write(text)
     return text
+
+
+def _spread(value: float, low, high, digits: int) -> str:
+    return f"{value:.{digits}f}" + ("" if low is None else f" [{low:.{digits}f}-{high:.{digits}f}]")
+
+
+def _bench_tables(reports: list[dict]) -> list[str]:
+    """The bench-speed reports as docs/benchmarks.md's tables: what was timed, the runs, the comparisons (medians and
+    [min-max] over the repeats), the targets, the loss alone and where a step's time goes."""
+    lines = ["What was timed (each bench-speed command):"]
+    runs = [
+        "",
+        "| completion tokens | training | run | step time (s) [min-max] | tokens/s | peak memory (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    ratios = [
+        "",
+        "| completion tokens | training | comparison | step time ratio [min-max] | peak memory ratio | "
+        "peak memory saved (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    targets, losses, breakdowns = [""], [""], []
+    for report in reports:
+        s = report["settings"]
+        head = f"| {s['completion_length']} | {'LoRA' if s['lora'] else 'full'} |"
+        title = head.strip("| ").replace(" | ", " tokens, ")
+        lines.append(f"- {title}: " + report.get("conditions", "(not recorded: bench-speed before 2026-11-26)"))
+        for name, run in report["runs"].items():
+            step = _spread(run["step_time_s"], run.get("step_time_min_s"), run.get("step_time_max_s"), 4)
+            runs.append(
+                f"{head} {name} | {step} | {run['tokens_per_s']:.0f} | {run['peak_memory_bytes'] / 2**20:.1f} |"
+            )
+        for label, r in report["ratios"].items():
+            ratio = _spread(r["step_time"], r.get("step_time_min"), r.get("step_time_max"), 3)
+            ratios.append(
+                f"{head} {label} | {ratio} | {r['peak_memory']:.3f} | {r['peak_memory_saved_bytes'] / 2**20:.1f} |"
+            )
+        if "targets" in report:
+            from rpg_trl.tools.cli.bench_speed_report import format_targets
+
+            band = report.get("noise_band")
+            targets.append(f"{title}: noise band (A/A) " + ("none" if band is None else f"1.00 ± {band:.3f}"))
+            targets += format_targets(report["targets"])[1:] + [""]
+        loss = report["loss_only"]
+        if loss is not None:
+            losses.append(
+                f"(c) loss alone ({title}), B={s['loss_batch']}, T={s['loss_length']}"
+                f"{', training mode' if loss.get('model_training') else ''}: RPG {loss['rpg_loss_s'] * 1e3:.2f} ms, "
+                f"GRPO {loss['grpo_loss_s'] * 1e3:.2f} ms, ratio {loss['ratio']:.3f}"
+            )
+        if all("breakdown_s" in run for run in report["runs"].values()):  # bench-speed since 2026-11-26
+            from rpg_trl.tools.cli.bench_speed_report import breakdown_table
+
+            breakdowns += ["", f"{title}:", "", breakdown_table(report["runs"])]
+    return lines + runs + ratios + targets + losses + breakdowns
 
 
 def main(argv=None) -> None:

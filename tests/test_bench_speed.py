@@ -1,4 +1,5 @@
-"""`rpg-trl bench-speed --quick` runs end to end, reports consistent numbers and writes them with `--output-json`."""
+"""`rpg-trl bench-speed --quick` runs end to end, reports consistent numbers and writes them with `--output-json`; its
+report (`rpg_trl.tools.cli.bench_speed_report`): the ratios, the noise band and the targets."""
 
 import argparse
 import json
@@ -8,7 +9,7 @@ import sys
 import pytest
 
 from rpg_trl.tools import cli
-from rpg_trl.tools.cli.bench_speed import PHASES, _PhaseTimer, add_arguments, settings
+from rpg_trl.tools.cli.bench_speed import PHASES, _PhaseTimer, add_arguments, plan, settings
 from rpg_trl.tools.toy import make_fixed_rollout
 
 
@@ -52,6 +53,8 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
             "--quick",
             "--device",
             "cpu",
+            "--vocab-size",
+            "500",
             "--output-json",
             str(out),
         ],
@@ -66,10 +69,20 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
     assert report["settings"]["quick"] and report["settings"]["output_json"] == str(out)
     assert (report["settings"]["repeats"], report["settings"]["hidden_size"]) == (1, 64)
     assert set(report["ratios"]) == {
+        "(A/A) GRPO vs GRPO, the same run",
         "(a) RPG sampling anchor vs GRPO beta>0",
         "(b) RPG reference model vs GRPO beta>0",
     }
+    # What was timed travels with the figures; one repeat gives no noise band, so (b) cannot be judged.
+    assert "generation not timed, no vLLM), random weights, vocabulary 500, full fine-tuning" in report["conditions"]
+    assert report["conditions"] in proc.stdout and report["noise_band"] is None
+    assert set(report["targets"]) == {"(a) time", "(a) memory", "(b)", "(c)"}
+    assert report["targets"]["(b)"]["met"] is None and "target (c): ratio" in proc.stdout
     runs = report["runs"]
+    assert list(runs) == ["grpo-ref", "grpo-ref-2", "rpg-sampling", "rpg-reference"]
+    assert all(run["vocab_size"] == 500 for run in runs.values())
+    # Every step's time is saved (warm-up included), per run and repeat.
+    assert [len(steps) for steps in report["per_repeat"]["grpo-ref"]] == [4]
     assert runs["grpo-ref"]["has_ref_model"] and runs["rpg-reference"]["has_ref_model"]
     assert not runs["rpg-sampling"]["has_ref_model"]
     # The sampling anchor holds exactly one model's weights; GRPO with beta > 0 holds two.
@@ -89,8 +102,13 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
     assert runs["rpg-sampling"]["breakdown_s"]["scoring: reference log-probs"] == 0
     assert runs["grpo-ref"]["breakdown_s"]["scoring: reference log-probs"] > 0
     assert runs["rpg-reference"]["breakdown_s"]["scoring: reference log-probs"] > 0
-    assert "| where a step's time goes (ms per step) | grpo-ref | rpg-sampling | rpg-reference |" in proc.stdout
-    assert report["loss_only"]["ratio"] > 0
+    assert (
+        "| where a step's time goes (ms per step) | grpo-ref | grpo-ref-2 | rpg-sampling | rpg-reference |"
+        in proc.stdout
+    )
+    # The loss alone runs in training mode, timed by torch.utils.benchmark.
+    assert report["loss_only"]["ratio"] > 0 and report["loss_only"]["model_training"] is True
+    assert report["loss_only"]["timer"] == "torch.utils.benchmark.Timer"
     # Where and when: the device, the versions and the date travel with the numbers.
     import torch
 
@@ -125,3 +143,52 @@ def test_phase_timer_tells_the_reference_pass_of_a_peft_model(tmp_path):
     other = object()
     trainer.ref_model = other
     assert timer._is_reference(other) and not timer._is_reference(model)
+
+
+def test_repeats_rotate_the_order_and_share_a_process_on_cuda():
+    """Repeat r runs the scenarios rotated by r, so that none is always first: in one process per repeat (CUDA, where
+    the peak memory statistics reset between runs), or one per run (CPU, where the peak RSS cannot be reset)."""
+    assert plan(["a", "b", "c"], 3, one_process_per_run=False) == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+    assert plan(["a", "b"], 3, one_process_per_run=True) == [["a"], ["b"], ["b"], ["a"], ["a"], ["b"]]
+
+
+def test_targets_and_the_noise_band_from_per_repeat_times():
+    """(a) the time saved against GRPO's own reference pass, (b) against the A/A band, (c) against 1.05."""
+    from rpg_trl.tools.cli.bench_speed_report import ratios, summarize, targets
+
+    def run(step, reference_pass, peak):
+        breakdown = dict.fromkeys(PHASES, 0.0) | {"scoring: reference log-probs": reference_pass}
+        return {
+            "step_time_s": step,
+            "tokens_per_s": 1 / step,
+            "peak_memory_bytes": peak,
+            "model_weight_bytes": 100,
+            "weights_in_memory_bytes": 200,
+            "has_ref_model": True,
+            "vocab_size": 10,
+            "resident_before_bytes": None,
+            "breakdown_s": breakdown,
+        }
+
+    runs = {
+        "grpo-ref": [run(1.00, 0.10, 300), run(1.00, 0.10, 300), run(1.00, 0.10, 300)],
+        "grpo-ref-2": [run(1.02, 0.10, 300), run(0.99, 0.10, 300), run(1.00, 0.10, 300)],
+        "rpg-sampling": [run(0.905, 0.0, 200), run(0.90, 0.0, 200), run(0.91, 0.0, 200)],
+        "rpg-reference": [run(1.01, 0.10, 300), run(1.00, 0.10, 300), run(1.03, 0.10, 300)],
+    }
+    out = ratios(runs)
+    aa = out["(A/A) GRPO vs GRPO, the same run"]
+    assert aa["step_time"] == pytest.approx(1.00) and aa["band"] == pytest.approx(0.02)
+    summary = {name: summarize(results) for name, results in runs.items()}
+    loss = {"ratio": 1.04, "model_training": True}
+    result = targets(summary, runs, out, aa["band"], loss, lora=False)
+    assert result["(a) time"]["value"] == pytest.approx(0.95) and result["(a) time"]["met"]  # 95 ms of 100 ms
+    assert result["(a) memory"]["met"] and result["(a) memory"]["saved_bytes"] == 100
+    assert targets(summary, runs, out, aa["band"], loss, lora=False, cuda=False)["(a) memory"]["met"] is None  # RSS
+    assert result["(b)"]["value"] == pytest.approx(1.01) and result["(b)"]["met"]  # |0.01| <= 0.02
+    assert result["(c)"]["met"]
+    assert (
+        targets(summary, runs, out, 0.005, {"ratio": 1.06, "model_training": True}, lora=True)["(b)"]["met"] is False
+    )
+    lora = targets(summary, runs, out, None, {"ratio": 1.06, "model_training": True}, lora=True)
+    assert lora["(a) memory"]["met"] is None and lora["(b)"]["met"] is None and lora["(c)"]["met"] is False

@@ -179,3 +179,54 @@ def test_token_kl_to_reference_is_the_mean_exact_kl_over_the_policys_own_complet
     assert evaluation.token_kl_to_reference(model, model, tokenizer, pairs, num_samples=2) == pytest.approx(
         0, abs=1e-6
     )
+
+
+def test_device_switch_builds_the_training_arguments_of_each_device(monkeypatch):
+    """One switch chooses the device: the CPU in float32, or CUDA with bf16 autocast, in the supervised and the RL
+    arguments alike (built here without a GPU: transformers' check that one is there is skipped)."""
+    import transformers
+
+    from rpg_trl.tools.toy import training
+
+    assert training.device_training_kwargs() == {"use_cpu": True, "bf16": False}
+    assert training.device_training_kwargs("cuda") == {"use_cpu": False, "bf16": True}
+    with pytest.raises(ValueError, match="`device` must be one of \\('cpu', 'cuda'\\); got 'tpu'"):
+        training.device_training_kwargs("tpu")
+    monkeypatch.setattr(transformers.TrainingArguments, "_validate_args", lambda self: None)
+    for device, (use_cpu, bf16) in (("cpu", (True, False)), ("cuda", (False, True))):
+        rl = training.rpg_config("out", steps=2, seed=0, learning_rate=1e-3, device=device)
+        sft = training.sft_config("out", steps=2, seed=0, device=device)
+        assert (rl.use_cpu, rl.bf16, sft.use_cpu, sft.bf16) == (use_cpu, bf16, use_cpu, bf16)
+        assert isinstance(rl, RPGConfig) and rl.max_steps == 2
+
+
+def test_demo_device_reaches_the_warm_start_and_the_rl_phase(monkeypatch, tmp_path, capsys):
+    """`rpg-trl demo --device cuda` trains the warm start and RPG on CUDA; without a GPU it stops at once, naming the
+    fix."""
+    from rpg_trl.tools.cli import demo
+    from rpg_trl.tools.toy import training, warm_start
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="`device` is 'cuda' but torch .* finds no CUDA GPU here; use `--device cpu`"):
+        DemoArguments(device="cuda")
+    assert main(["demo", "--device", "tpu"]) == 2 and "`device` must be one of" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_warm_start(splits, output_dir, *, device, **kwargs):
+        seen["warm_start"] = device
+        model, tokenizer = addition.build_model(seed=0)
+        return model, tokenizer, warm_start.WarmStartReport(steps=0, rounds=0, check_accuracy=None)
+
+    def fake_rpg_config(output_dir, *, device, **kwargs):
+        seen["rl"] = device
+        raise Stop
+
+    monkeypatch.setattr(warm_start, "warm_start", fake_warm_start)
+    monkeypatch.setattr(training, "rpg_config", fake_rpg_config)
+    with pytest.raises(Stop):
+        demo.run_demo(DemoArguments(device="cuda", output_dir=str(tmp_path), eval_problems=4))
+    assert seen == {"warm_start": "cuda", "rl": "cuda"}

@@ -154,3 +154,59 @@ def test_summary_and_pytest_check_from_a_results_folder(tmp_path):
     assert gpu_stages.pytest_check(str(xml), dry_run=True)["skipped"] == 1
     with pytest.raises(AssertionError, match="1 GPU tests skipped"):
         gpu_stages.pytest_check(str(xml), dry_run=False)
+
+
+def test_learning_summary_pairs_rpg_with_grpo_by_seed(tmp_path):
+    """The learning stage's table (examples/gpu_learn.py): before and after per arm and mode over the seeds, RPG's
+    paired difference to GRPO, from whatever runs finished; summary.md carries it."""
+    gpu_learn, gpu_stages = _load_example("gpu_learn"), _load_example("gpu_stages")
+    for arm, mode, seed, last in [("GRPO", "full", 0, 0.5), ("GRPO", "full", 1, 0.6), ("RPG", "full", 0, 0.6)]:
+        folder = tmp_path / "learn" / f"{arm}-{mode}" / f"seed{seed}"
+        folder.mkdir(parents=True)
+        spec = {"arm": arm, "mode": mode, "seed": seed, "learning_rate": 6e-4, "steps": 200, "eval_problems": 400}
+        curve = [{"step": 0, "accuracy": 0.3}, {"step": 200, "accuracy": last}]
+        result = {"initial": 0.3, "last": last, "gain": last - 0.3, "seconds": 60.0, "accuracy_curve": curve}
+        (folder / "result.json").write_text(json.dumps({"spec": {**spec, "device": "cuda"}, "result": result}))
+    out = gpu_learn.summary(str(tmp_path))
+    rpg = next(row for row in out["rows"] if row["arm"] == "RPG")
+    assert rpg["seeds"] == [0] and rpg["vs_grpo"] == pytest.approx(0.1)  # paired on seed 0 only
+    text = (tmp_path / "learning.md").read_text()
+    assert text.startswith("Learning on cuda: held-out accuracy (mean@4, temperature 1, 400 two-digit additions")
+    assert "| full | GRPO | 2 | 0.0006 | 200 | 0.300 ± 0.000 | 0.550 ± 0.635 | +25.0 ± 63.5 | – | 60 |" in text
+    assert "| full | RPG | 1 | 0.0006 | 200 | 0.300 | 0.600 | +30.0 | +10.0 | 60 |" in text
+    assert "| full | RPG | 1 |" in gpu_stages.summary(str(tmp_path))
+
+
+def test_summary_says_what_each_bench_timed_and_its_targets(tmp_path):
+    """Each bench-speed figure in summary.md comes with what was timed, its range over the repeats, the noise band
+    and the targets; a command that skipped the loss alone (--loss-repeats 0) says nothing of (c)."""
+    gpu_stages = _load_example("gpu_stages")
+    run = {"step_time_s": 0.3, "step_time_min_s": 0.29, "step_time_max_s": 0.31, "tokens_per_s": 27000.0}
+    from rpg_trl.tools.cli.bench_speed_report import PHASES
+
+    run |= {"peak_memory_bytes": 2**30, "breakdown_s": dict.fromkeys(PHASES, 0.3 / len(PHASES))}
+    report = {
+        "settings": {"completion_length": 1024, "lora": False, "loss_batch": 64, "loss_length": 4096},
+        "conditions": "Timed: optimizer steps on fixed synthetic completions (generation not timed, no vLLM), ...",
+        "runs": {"grpo-ref": run},
+        "ratios": {
+            "(A/A) GRPO vs GRPO, the same run": {
+                "step_time": 1.01,
+                "step_time_min": 0.99,
+                "step_time_max": 1.02,
+                "peak_memory": 1.0,
+                "peak_memory_saved_bytes": 0,
+            }
+        },
+        "noise_band": 0.02,
+        "targets": {"(b)": {"value": 1.01, "band": 0.02, "rule": "within the band", "met": True}},
+        "loss_only": None,
+    }
+    (tmp_path / "bench_speed_full_1024.json").write_text(json.dumps(report))
+    text = gpu_stages.summary(str(tmp_path))
+    assert "- 1024 tokens, full: Timed: optimizer steps on fixed synthetic completions (generation not timed" in text
+    assert "| 1024 | full | grpo-ref | 0.3000 [0.2900-0.3100] | 27000 | 1024.0 |" in text
+    assert "| 1024 | full | (A/A) GRPO vs GRPO, the same run | 1.010 [0.990-1.020] | 1.000 | 0.0 |" in text
+    assert "1024 tokens, full: noise band (A/A) 1.00 ± 0.020" in text
+    assert "- target (b): ratio 1.010, band ± 0.020; rule: within the band: met" in text
+    assert "(c) loss alone" not in text

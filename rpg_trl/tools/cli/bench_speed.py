@@ -3,15 +3,23 @@
 
 Generation is replaced by a deterministic `rollout_func` (TRL's public hook) that returns the same fixed-length
 completions to both trainers, so what is timed is everything a trainer does per optimizer step besides sampling:
-scoring (old and reference log-probs), the loss, the backward pass and the optimizer step. Each configuration runs in
-its own process (peak memory is per process) and is repeated; the report gives medians and RPG/GRPO ratios for
+scoring (old and reference log-probs), the loss, the backward pass and the optimizer step; no vLLM, random weights
+(a Qwen3 built locally; `--vocab-size 151936` gives it Qwen3's vocabulary, so that the output layer and the log-softmax
+weigh what they weigh in a real model). Each configuration is repeated (`--repeats`, in an order rotated from repeat to
+repeat) and its per-step times saved; the report gives medians with their range over the repeats, and per-repeat
+RPG/GRPO ratios for
 
-* (a) RPG with the sampling-policy anchor (one model) vs GRPO with `beta > 0` (policy + reference model),
-* (b) RPG with a reference model vs the same GRPO (equal settings),
-* (c) the loss alone on large tensors (default B=64, T=4096): `RPGTrainer._compute_loss` vs
-  `GRPOTrainer._compute_loss` with the model forward replaced by precomputed log-probs.
+* (A/A) GRPO against GRPO, the same run twice: its spread is the noise band of the other ratios,
+* (a) RPG with the sampling-policy anchor (one model) vs GRPO with `beta > 0` (policy + reference model): target, the
+  anchor saves >= 90 % of the measured reference pass and, with full fine-tuning, one copy of the weights,
+* (b) RPG with a reference model vs the same GRPO (equal settings): target, within the A/A band of 1.00,
+* (c) the loss alone on large tensors (default B=64, T=4096), in training mode ([`rpg_trl.tools.cli.bench_loss`]):
+  target, <= 1.05 x GRPO's,
 
-Peak memory is `torch.cuda.max_memory_allocated` on CUDA and the process's peak resident set size on CPU.
+and where a step's time goes (each phase timed between device synchronisations), with the differences that explain a
+missed target (the report: [`rpg_trl.tools.cli.bench_speed_report`]). Peak memory is `torch.cuda.max_memory_allocated` on CUDA and the process's peak resident set size on
+CPU; so on CPU each run has its own process, and on CUDA the runs of one repeat share one (the previous trainer freed,
+the peak statistics reset before each), which saves a process start per run.
 """
 
 from __future__ import annotations
@@ -28,29 +36,26 @@ import tempfile
 import time
 from pathlib import Path
 
+from .bench_speed_report import (
+    COMPARISONS,
+    PHASES,
+    conditions,
+    format_report,
+    ratios,
+    summarize,
+    targets,
+)
+
 
 SCENARIOS = {
     # name: (trainer, config overrides)
     "grpo-ref": ("grpo", {"beta": 1e-4}),
+    "grpo-ref-2": ("grpo", {"beta": 1e-4}),  # the A/A pair: the same run again
     "rpg-sampling": ("rpg", {"beta": 1e-4, "kl_anchor": "sampling"}),
     "rpg-reference": ("rpg", {"beta": 1e-4, "kl_anchor": "reference"}),
 }
-#: Where a step's time goes (the report's table of that name): each phase timed between device synchronisations,
-#: averaged over the timed steps (the scoring, done once per generation, spread over its steps); "rest of the step" is
-#: the step time less the phases (TRL's input preparation and logging, the Trainer's bookkeeping, gradient clipping).
-PHASES = (
-    "scoring: policy log-probs",
-    "scoring: reference log-probs",
-    "scoring: rollout, rewards, rest",
-    "forward and loss",
-    "backward",
-    "optimizer step",
-    "rest of the step",
-)
-COMPARISONS = [
-    ("(a) RPG sampling anchor vs GRPO beta>0", "rpg-sampling", "grpo-ref"),
-    ("(b) RPG reference model vs GRPO beta>0", "rpg-reference", "grpo-ref"),
-]
+#: Qwen3's vocabulary (the tokenizer of every Qwen3 size): `--vocab-size` for a bench that weighs like a user's model.
+QWEN3_VOCAB_SIZE = 151_936
 
 
 def _peak_memory_bytes(device) -> int:
@@ -62,45 +67,63 @@ def _peak_memory_bytes(device) -> int:
 
 
 def shared_model(opts, path) -> str:
-    """The benchmark's Qwen3 (hidden `opts.hidden_size` x `opts.num_layers`) saved at `path`: built there when `path`
-    holds no model, else checked against the options and reused (one model for all the workers of a command)."""
+    """The benchmark's Qwen3 (hidden `opts.hidden_size` x `opts.num_layers`, vocabulary `opts.vocab_size` or the
+    character tokenizer's) saved at `path`: built there when `path` holds no model, else checked against the options
+    and reused (one model for all the workers of a command)."""
     from rpg_trl.tools.toy.models import build_char_tokenizer, save_tiny_model
 
     path = Path(path)
+    tokenizer = build_char_tokenizer()
+    vocab_size = opts.vocab_size or len(tokenizer)
     config_file = path / "config.json"
     if config_file.exists():
         config = json.loads(config_file.read_text())
-        found = (config["hidden_size"], config["num_hidden_layers"], config["max_position_embeddings"])
-        if found[:2] != (opts.hidden_size, opts.num_layers) or found[2] < opts.completion_length + 64:
+        found = (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"])
+        positions = config["max_position_embeddings"]
+        if found != (opts.hidden_size, opts.num_layers, vocab_size) or positions < opts.completion_length + 64:
             raise ValueError(
-                f"--model-dir {path} holds a model of hidden {found[0]} x {found[1]} layers and "
-                f"{found[2]} positions; this benchmark needs hidden {opts.hidden_size} x {opts.num_layers} layers and "
-                f"at least {opts.completion_length + 64} positions: give an empty or new folder"
+                f"--model-dir {path} holds a model of hidden {found[0]} x {found[1]} layers, vocabulary {found[2]} and "
+                f"{positions} positions; this benchmark needs hidden {opts.hidden_size} x {opts.num_layers} layers, "
+                f"vocabulary {vocab_size} and at least {opts.completion_length + 64} positions: give an empty or new "
+                "folder"
             )
         return str(path)
     return save_tiny_model(
         path,
-        build_char_tokenizer(),
+        tokenizer,
         hidden_size=opts.hidden_size,
         num_hidden_layers=opts.num_layers,
         num_attention_heads=max(opts.hidden_size // 64, 2),
         num_key_value_heads=max(opts.hidden_size // 128, 1),
         intermediate_size=4 * opts.hidden_size,
-        max_position_embeddings=opts.completion_length + 64,
+        max_position_embeddings=max(opts.completion_length + 64, opts.max_positions or 0),
+        vocab_size=vocab_size,
     )
 
 
-def _worker(opts) -> dict:
-    """Train one scenario for `opts.steps` optimizer steps on fixed rollouts; return timings and memory. Its
-    temporary folder (the model, unless `--model-dir` gives one, and the output folder) is removed at the end."""
+def _worker(opts) -> list[dict]:
+    """Train each scenario of `opts.scenarios_here` in turn, each for `opts.steps` optimizer steps on fixed rollouts,
+    the previous one freed first; return their timings and memory. Its temporary folder (the model, unless
+    `--model-dir` gives one, and the output folders) is removed at the end."""
+    import gc
+
+    import torch
+
     workdir = Path(tempfile.mkdtemp(prefix="rpg-bench-"))
+    results = []
     try:
-        return _train_scenario(opts, workdir)
+        for scenario in opts.scenarios_here:
+            resident = torch.cuda.memory_allocated() if opts.device == "cuda" else None
+            results.append({**_train_scenario(opts, scenario, workdir), "resident_before_bytes": resident})
+            gc.collect()
+            if opts.device == "cuda":
+                torch.cuda.empty_cache()
+        return results
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _train_scenario(opts, workdir: Path) -> dict:
+def _train_scenario(opts, scenario: str, workdir: Path) -> dict:
     import torch
     from datasets import Dataset
     from transformers import TrainerCallback
@@ -113,7 +136,7 @@ def _train_scenario(opts, workdir: Path) -> dict:
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)
-    kind, overrides = SCENARIOS[opts.scenario]
+    kind, overrides = SCENARIOS[scenario]
     use_cuda = opts.device == "cuda"
     tokenizer = build_char_tokenizer()
     model_dir = shared_model(opts, opts.model_dir or workdir / "model")
@@ -123,7 +146,7 @@ def _train_scenario(opts, workdir: Path) -> dict:
         return [float(c.count("7")) for c in completions]
 
     common = dict(
-        output_dir=str(workdir / "out"),
+        output_dir=str(workdir / scenario),
         per_device_train_batch_size=opts.batch_size,
         num_generations=opts.num_generations,
         max_completion_length=opts.completion_length,
@@ -197,16 +220,21 @@ def _train_scenario(opts, workdir: Path) -> dict:
     breakdown = phases.mean_per_step(opts.warmup, step_time)
     tokens = opts.batch_size * opts.completion_length * trainer.args.gradient_accumulation_steps
     models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
-    return {
-        "scenario": opts.scenario,
+    result = {
+        "scenario": scenario,
         "step_time_s": step_time,
+        "step_times_s": step_times,  # every step, the warm-up's first
         "tokens_per_s": tokens / step_time,
         "peak_memory_bytes": _peak_memory_bytes(trainer.accelerator.device),
         "model_weight_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
         "weights_in_memory_bytes": sum(p.numel() * p.element_size() for m in models for p in m.parameters()),
         "has_ref_model": trainer.ref_model is not None,
+        "vocab_size": trainer.model.config.vocab_size,
         "breakdown_s": breakdown,
     }
+    trainer.accelerator.free_memory()  # the next scenario of this process starts from an empty device
+    del trainer, models  # a cycle with the callbacks and the phase timer: the caller collects it
+    return result
 
 
 class _PhaseTimer:
@@ -296,103 +324,23 @@ class _PhaseTimer:
         return means
 
 
-def _loss_only(opts) -> dict:
-    """Time `_compute_loss` (forward + backward of the loss only) of both trainers on (B, T) random log-probs."""
-    import torch
-
-    from rpg_trl.tools.toy.models import build_char_tokenizer
-
-    if opts.num_threads:
-        torch.set_num_threads(opts.num_threads)
-    device = torch.device(opts.device)
-    B, T = opts.loss_batch, opts.loss_length
-    g = torch.Generator().manual_seed(0)
-    old = (-torch.rand(B, T, generator=g) * 3).to(device)
-    inputs = {
-        "prompt_ids": torch.zeros(B, 1, dtype=torch.long, device=device),
-        "prompt_mask": torch.ones(B, 1, dtype=torch.long, device=device),
-        "completion_ids": torch.zeros(B, T, dtype=torch.long, device=device),
-        "completion_mask": (torch.rand(B, T, generator=g) > 0.1).long().to(device),
-        "advantages": torch.randn(B, generator=g).to(device),
-        "old_per_token_logps": old,
-        "ref_per_token_logps": old + 0.1 * torch.randn(B, T, generator=g).to(device),
-    }
-    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
-    logps_value = old + 0.1 * torch.randn(B, T, generator=g).to(device)
-    entropies = torch.rand(B, T, generator=g).to(device)
-    tokenizer = build_char_tokenizer()
-    workdir = Path(tempfile.mkdtemp(prefix="rpg-bench-loss-"))
-    try:
-        return _time_losses(opts, device, inputs, logps_value, entropies, tokenizer, workdir)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+def plan(scenarios: list[str], repeats: int, one_process_per_run: bool) -> list[list[str]]:
+    """The worker processes of a command, in order, each the list of scenarios it runs in turn: repeat r runs
+    `scenarios` rotated by r (so that no run is always first), in one process, or each run in its own."""
+    processes = []
+    for r in range(repeats):
+        k = r % len(scenarios)
+        order = scenarios[k:] + scenarios[:k]
+        processes += [[name] for name in order] if one_process_per_run else [order]
+    return processes
 
 
-def _time_losses(opts, device, inputs, logps_value, entropies, tokenizer, workdir: Path) -> dict:
-    import torch
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.tools.toy.models import save_tiny_model
-
-    model_dir = save_tiny_model(workdir / "model", tokenizer)
-    dataset = Dataset.from_dict({"prompt": ["1+1="] * 4})
-    common = dict(
-        output_dir=str(workdir / "out"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        beta=1e-4,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        loss_type="dapo",
-        report_to="none",
-        use_cpu=device.type != "cuda",
-    )
-    trainers, holders = {}, {}
-    for name, trainer_cls, config_cls, extra in (
-        ("grpo", GRPOTrainer, GRPOConfig, {}),
-        ("rpg", RPGTrainer, RPGConfig, {"kl_anchor": "reference"}),
-    ):
-        trainer = trainer_cls(
-            model_dir,
-            lambda completions, **kw: [0.0] * len(completions),
-            args=config_cls(**common, **extra),
-            train_dataset=dataset,
-            processing_class=tokenizer,
-        )
-        trainer.current_gradient_accumulation_steps = 1
-        holder = holders[name] = {}
-
-        def fake_forward(*args, _holder=holder, **kwargs):
-            return _holder["logps"], entropies, None
-
-        trainer._get_per_token_logps_and_entropies = fake_forward
-        trainers[name] = trainer
-    # The two losses alternate, repeat after repeat, so that drift (frequency, caches, other jobs) hits both alike.
-    times = {name: [] for name in trainers}
-    for i in range(opts.loss_warmup + opts.loss_repeats):
-        for name, trainer in trainers.items():
-            holders[name]["logps"] = logps_value.clone().requires_grad_(True)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            loss = trainer._compute_loss(trainer.model, inputs)
-            loss.backward()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            if i >= opts.loss_warmup:
-                times[name].append(time.perf_counter() - start)
-    results = {name: statistics.median(t) for name, t in times.items()}
-    return {"grpo_loss_s": results["grpo"], "rpg_loss_s": results["rpg"], "ratio": results["rpg"] / results["grpo"]}
-
-
-def _run_scenario(opts, scenario: str, model_dir: str) -> dict:
-    cmd = [sys.executable, "-m", "rpg_trl.tools.cli.bench_speed", "--_worker", scenario] + _forwarded_flags(opts)
-    cmd.append(f"--model-dir={model_dir}")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout)
+def _run_worker(opts, scenarios: list[str], model_dir: str) -> list[dict]:
+    cmd = [sys.executable, "-m", "rpg_trl.tools.cli.bench_speed", "--_worker", ",".join(scenarios)]
+    cmd += _forwarded_flags(opts) + [f"--model-dir={model_dir}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout * len(scenarios))
     if out.returncode != 0:
-        raise RuntimeError(f"bench-speed worker for {scenario!r} failed:\n{out.stderr[-4000:]}")
+        raise RuntimeError(f"bench-speed worker for {scenarios} failed:\n{out.stderr[-4000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -408,6 +356,8 @@ def _forwarded_flags(opts) -> list[str]:
         f"--steps={opts.steps}",
         f"--warmup={opts.warmup}",
     ]
+    if opts.vocab_size:
+        flags.append(f"--vocab-size={opts.vocab_size}")
     if opts.num_threads:
         flags.append(f"--num-threads={opts.num_threads}")
     if opts.lora:
@@ -415,10 +365,6 @@ def _forwarded_flags(opts) -> list[str]:
     if opts.gradient_checkpointing:
         flags.append("--gradient-checkpointing")
     return flags
-
-
-def _mib(n: float) -> str:
-    return f"{n / 2**20:.1f}"
 
 
 def environment(device: str) -> dict:
@@ -446,99 +392,86 @@ def run(opts) -> dict:
     """Run the benchmark described by the parsed `opts` and print a markdown report; returns the results dict."""
     from tqdm.auto import tqdm
 
+    from .bench_loss import loss_only
+
     if opts.quick:
         opts.repeats, opts.steps, opts.warmup = 1, 2, 1
         opts.hidden_size, opts.num_layers, opts.completion_length = 64, 2, 32
-        opts.loss_batch, opts.loss_length, opts.loss_repeats, opts.loss_warmup = 8, 256, 2, 1
+        opts.loss_batch, opts.loss_length, opts.loss_repeats, opts.loss_warmup, opts.loss_number = 8, 256, 2, 1, 2
     spg = opts.steps_per_generation
     opts.steps, opts.warmup = -(-opts.steps // spg) * spg, -(-opts.warmup // spg) * spg
-    runs: dict[str, list[dict]] = {name: [] for name in SCENARIOS}
-    order = [name for _ in range(opts.repeats) for name in SCENARIOS]  # interleaved, so drift hits all alike
+    scenarios = _scenarios(opts.scenarios)
+    # The CPU's peak memory (the process's peak RSS) cannot be reset: a process per run, but with --quick (a check that
+    # the command works, which runs the CUDA way: every run of a repeat in one process).
+    one_process_per_run = opts.device != "cuda" and not opts.quick
+    runs: dict[str, list[dict]] = {name: [] for name in scenarios}
     # One saved model for every worker (each used to build and save its own: 1.76 GB at hidden 1024 x 28 layers).
     scratch = None if opts.model_dir else tempfile.mkdtemp(prefix="rpg-bench-model-")
     try:
         model_dir = shared_model(opts, opts.model_dir or Path(scratch) / "model")
-        for name in tqdm(order, desc="bench-speed", unit="run"):
-            runs[name].append(_run_scenario(opts, name, model_dir))
+        processes = plan(scenarios, opts.repeats, one_process_per_run)
+        for names in tqdm(processes, desc="bench-speed", unit="process"):
+            for result in _run_worker(opts, names, model_dir):
+                runs[result["scenario"]].append(result)
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    summary = {}
-    for name, results in runs.items():
-        summary[name] = {
-            "step_time_s": statistics.median(r["step_time_s"] for r in results),
-            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
-            "peak_memory_bytes": statistics.median(r["peak_memory_bytes"] for r in results),
-            "model_weight_bytes": results[0]["model_weight_bytes"],
-            "weights_in_memory_bytes": results[0]["weights_in_memory_bytes"],
-            "has_ref_model": results[0]["has_ref_model"],
-            "breakdown_s": {phase: statistics.median(r["breakdown_s"][phase] for r in results) for phase in PHASES},
-        }
-    loss = _loss_only(opts)
+    summary = {name: summarize(results) for name, results in runs.items()}
     report = {"settings": settings(opts), "environment": environment(opts.device), "runs": summary}
-    report["loss_only"] = loss
-    lines = [
-        f"device: {report['environment']['device_name']} ({opts.device}), {report['environment']['date_utc'][:10]}, "
-        f"model: hidden {opts.hidden_size} x {opts.num_layers} layers, "
-        f"{opts.batch_size} completions x {opts.completion_length} tokens per micro-batch, "
-        f"steps_per_generation={opts.steps_per_generation}, LoRA={opts.lora}, repeats={opts.repeats}, "
-        f"{opts.steps} timed steps each, torch threads: {opts.num_threads or 'default'}",
-        "",
-        "| run | step time (s) | tokens/s | peak memory (MiB) | weights held (MiB) |",
-        "|---|---|---|---|---|",
-    ]
-    for name, s in summary.items():
-        lines.append(
-            f"| {name} | {s['step_time_s']:.4f} | {s['tokens_per_s']:.0f} | {_mib(s['peak_memory_bytes'])} | "
-            f"{_mib(s['weights_in_memory_bytes'])} |"
-        )
-    lines += [
-        "",
-        "| comparison | step time ratio | peak memory ratio | peak memory saved (MiB) |",
-        "|---|---|---|---|",
-    ]
-    report["ratios"] = {}
-    for label, num, den in COMPARISONS:
-        t = summary[num]["step_time_s"] / summary[den]["step_time_s"]
-        m = summary[num]["peak_memory_bytes"] / summary[den]["peak_memory_bytes"]
-        saved = summary[den]["peak_memory_bytes"] - summary[num]["peak_memory_bytes"]
-        report["ratios"][label] = {"step_time": t, "peak_memory": m, "peak_memory_saved_bytes": saved}
-        lines.append(f"| {label} | {t:.3f} | {m:.3f} | {_mib(saved)} |")
-    lines += ["", breakdown_table(summary), ""]
-    lines += [
-        f"(c) loss alone, B={opts.loss_batch}, T={opts.loss_length}: RPG {loss['rpg_loss_s'] * 1e3:.1f} ms, "
-        f"GRPO {loss['grpo_loss_s'] * 1e3:.1f} ms, ratio {loss['ratio']:.3f}",
-        f"one model's weights: {_mib(summary['grpo-ref']['model_weight_bytes'])} MiB",
-    ]
-    text = "\n".join(lines)
+    vocab_size = summary[scenarios[0]]["vocab_size"]
+    report["conditions"] = conditions(opts, vocab_size, one_process_per_run)
+    report["per_repeat"] = {name: [r["step_times_s"] for r in results] for name, results in runs.items()}
+    report["ratios"] = ratios(runs)
+    aa = report["ratios"].get(COMPARISONS[0][0])
+    report["noise_band"] = None if aa is None or opts.repeats < 2 else aa["band"]
+    report["loss_only"] = loss_only(opts) if opts.loss_repeats > 0 else None  # --loss-repeats 0: not measured
+    report["targets"] = targets(
+        summary, runs, report["ratios"], report["noise_band"], report["loss_only"], opts.lora, opts.device == "cuda"
+    )
+    text = format_report(report, opts)
     print(text)
     if opts.output_json:
         Path(opts.output_json).write_text(json.dumps(report, indent=2))
     return report
 
 
-def breakdown_table(runs: dict) -> str:
-    """Markdown: milliseconds per step of each phase of [`PHASES`] (rows) for each run (columns)."""
-    names = list(runs)
-    lines = [
-        "| where a step's time goes (ms per step) | " + " | ".join(names) + " |",
-        "|---|" + "---|" * len(names),
-    ]
-    for phase in PHASES:
-        lines.append(f"| {phase} | " + " | ".join(f"{runs[n]['breakdown_s'][phase] * 1e3:.1f}" for n in names) + " |")
-    lines.append("| step | " + " | ".join(f"{runs[n]['step_time_s'] * 1e3:.1f}" for n in names) + " |")
-    return "\n".join(lines)
+def _scenarios(names) -> list[str]:
+    names = list(SCENARIOS) if not names else [n for n in names.split(",") if n]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or "grpo-ref" not in names:
+        raise ValueError(f"--scenarios {names}: give names among {list(SCENARIOS)}, grpo-ref (the baseline) included")
+    return names
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: checks that the command works")
     parser.add_argument("--device", default="cuda" if _cuda_available() else "cpu", choices=["cpu", "cuda"])
-    parser.add_argument("--repeats", type=int, default=3, help="processes per scenario (medians are reported)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="repeats of each run, in rotated order (medians and ranges reported)"
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=None,
+        help=f"comma-separated runs among {list(SCENARIOS)} (default all; grpo-ref, the baseline, always included)",
+    )
     parser.add_argument("--steps", type=int, default=6, help="timed optimizer steps per process")
     parser.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
     parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help=f"rows of the model's vocabulary (default: the character tokenizer's; {QWEN3_VOCAB_SIZE} is Qwen3's)",
+    )
     parser.add_argument("--num-layers", type=int, default=4)
     parser.add_argument("--completion-length", type=int, default=128)
+    parser.add_argument(
+        "--max-positions",
+        type=int,
+        default=None,
+        help="positions of the model built in --model-dir (default: the completion length + 64; the longest of the "
+        "commands that share the folder, so that one model serves them all)",
+    )
     parser.add_argument("--batch-size", type=int, default=8, help="completions per micro-batch")
     parser.add_argument("--num-generations", type=int, default=4)
     parser.add_argument("--steps-per-generation", type=int, default=2)
@@ -546,12 +479,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true")
     parser.add_argument("--loss-batch", type=int, default=64, help="B of the loss-only benchmark (c)")
     parser.add_argument("--loss-length", type=int, default=4096, help="T of the loss-only benchmark (c)")
-    parser.add_argument("--loss-repeats", type=int, default=30, help="timed repeats of each loss (alternating)")
-    parser.add_argument("--loss-warmup", type=int, default=3)
+    parser.add_argument(
+        "--loss-repeats", type=int, default=15, help="timed rounds of each loss (alternating); 0: (c) not measured"
+    )
+    parser.add_argument("--loss-number", type=int, default=10, help="calls per round (their mean is the round's time)")
+    parser.add_argument("--loss-warmup", type=int, default=2, help="untimed rounds first")
     parser.add_argument(
         "--num-threads", type=int, default=None, help="torch CPU threads per process (default: torch's own choice)"
     )
-    parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed to each worker process")
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=1800,
+        help="seconds allowed to each run (a worker process: this per run it holds)",
+    )
     parser.add_argument(
         "--model-dir",
         default=None,
@@ -590,10 +531,10 @@ def main(argv=None):
         prog="python -m rpg_trl.tools.cli.bench_speed", description=__doc__.splitlines()[0]
     )
     add_arguments(parser)
-    parser.add_argument("--_worker", default=None, choices=list(SCENARIOS), help=argparse.SUPPRESS)
+    parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # the scenarios of one process
     opts = parser.parse_args(argv)
     if opts._worker:
-        opts.scenario = opts._worker
+        opts.scenarios_here = opts._worker.split(",")
         import logging
 
         logging.disable(logging.WARNING)

@@ -28,6 +28,7 @@ and the trainer states of both phases (``sft/`` and ``rpg/``, readable by ``rpg-
 ```bash
 rpg-trl demo                          # default seed 0, output in rpg_demo/
 rpg-trl demo --seed 1 --output_dir rpg_demo_seed1
+rpg-trl demo --device cuda            # the same on the first GPU, with bf16 autocast
 ```
 """
 
@@ -130,6 +131,13 @@ class DemoArguments:
     eval_problems: int = field(default=400, metadata={"help": "Number of held-out problems (never trained on)."})
     eval_samples: int = field(default=4, metadata={"help": "Completions sampled per held-out problem (mean@k)."})
     eval_every: int = field(default=50, metadata={"help": "Evaluate the held-out accuracy every this many RPG steps."})
+    device: str = field(
+        default="cpu",
+        metadata={
+            "help": "Where to train and evaluate: 'cpu' (float32, the recipe measured in the README) or 'cuda' (the "
+            "first GPU, bf16 autocast: float32 weights, forward passes in bfloat16)."
+        },
+    )
     num_threads: int = field(
         default=1,
         metadata={
@@ -147,6 +155,17 @@ class DemoArguments:
             at_least_zero=("sft_steps", "sft_extra_rounds"),
             positive=("learning_rate",),
         )
+        from ..toy.training import DEVICES
+
+        if self.device not in DEVICES:
+            raise ValueError(f"`device` must be one of {DEVICES}; got {self.device!r}.")
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError(
+                    f"`device` is 'cuda' but torch {torch.__version__} finds no CUDA GPU here; use `--device cpu`."
+                )
 
 
 def run_demo(args: DemoArguments) -> dict:
@@ -176,7 +195,12 @@ def _run_demo(args: DemoArguments) -> dict:
     print(f"[1/3] Supervised warm start: {args.sft_steps} steps on {len(splits.sft)} noisy additions (+ easy ones)")
     sft_start = time.perf_counter()
     model, tokenizer, warm = warm_start(
-        splits, str(output_dir / "sft"), steps=args.sft_steps, seed=args.seed, extra_rounds=args.sft_extra_rounds
+        splits,
+        str(output_dir / "sft"),
+        steps=args.sft_steps,
+        seed=args.seed,
+        extra_rounds=args.sft_extra_rounds,
+        device=args.device,
     )
     sft_seconds = time.perf_counter() - sft_start
 
@@ -190,6 +214,7 @@ def _run_demo(args: DemoArguments) -> dict:
         learning_rate=args.learning_rate,
         divergence=args.divergence,
         estimator=args.estimator,
+        device=args.device,
     )
     algorithm = PAPER_NAMES[(config.divergence, config.estimator)]
     print(f"[2/3] {algorithm}: {args.steps} steps on {len(splits.rl)} new problems, exact-match reward")
@@ -218,7 +243,7 @@ def _run_demo(args: DemoArguments) -> dict:
         smoothing=0.8,
     )
     seconds = time.perf_counter() - start
-    sft = sft_config(str(output_dir / "sft"), steps=max(args.sft_steps, 1), seed=args.seed)  # for the record
+    sft = sft_config(str(output_dir / "sft"), steps=max(args.sft_steps, 1), seed=args.seed, device=args.device)
     summary = {
         "accuracy_before": before["heldout/accuracy"],
         "accuracy_after": after["heldout/accuracy"],
@@ -258,6 +283,7 @@ def _run_demo(args: DemoArguments) -> dict:
         },
         "versions": _versions(),
         "machine": _machine(),
+        "device": _device_name(args.device),
     }
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
@@ -274,6 +300,13 @@ def _rpg_fields() -> tuple[str, ...]:
 
     trl_fields = {f.name for f in fields(GRPOConfig)}
     return tuple(sorted(f.name for f in fields(RPGConfig) if f.name not in trl_fields))
+
+
+def _device_name(device: str) -> str:
+    """What trained: the GPU's name on "cuda", "cpu" otherwise."""
+    import torch
+
+    return f"cuda ({torch.cuda.get_device_name()}, bf16 autocast)" if device == "cuda" else "cpu (float32)"
 
 
 def _machine() -> dict:
@@ -309,6 +342,8 @@ def format_summary(summary: dict, output_dir: str) -> str:
     )
     where = summary.get("machine", {})
     measured = f"Measured on {where.get('cpu', '?')} (ATen CPU capability {where.get('cpu_capability', '?')})"
+    if summary.get("device", "cpu").startswith("cuda"):
+        measured = f"Measured on {summary['device']}, host {where.get('cpu', '?')}"
     files = f"Wrote {os.path.join(output_dir, 'summary.json')} and {os.path.join(output_dir, 'curves.png')}"
     return f"{accuracy}\n{greedy}\n{timing}\n{measured}\n{files}"
 

@@ -37,6 +37,7 @@ _LAZY = {
     "warm_start": ".warm_start",
     # training
     "cpu_session": ".training",
+    "device_training_kwargs": ".training",
     "no_activation_checkpointing": ".training",
     "rl_training_kwargs": ".training",
     "rpg_config": ".training",

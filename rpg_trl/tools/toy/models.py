@@ -50,12 +50,17 @@ def build_tiny_qwen3(
     intermediate_size: int = 128,
     max_position_embeddings: int = 256,
     seed: int = 0,
+    vocab_size: int | None = None,
 ) -> Qwen3ForCausalLM:
-    """A randomly initialised Qwen3 causal LM sized for CPU tests (about 0.1M parameters with the defaults)."""
+    """A randomly initialised Qwen3 causal LM sized for CPU tests (about 0.1M parameters with the defaults). Its
+    vocabulary is the tokenizer's, or `vocab_size` rows (>= the tokenizer's; e.g. Qwen3's 151,936, so that the output
+    layer and the log-softmax weigh what they weigh in a real model, the ids past the tokenizer's never sampled)."""
     import torch
 
+    if vocab_size is not None and vocab_size < len(tokenizer):
+        raise ValueError(f"`vocab_size` must be at least the tokenizer's {len(tokenizer)} tokens; got {vocab_size}.")
     config = Qwen3Config(
-        vocab_size=len(tokenizer),
+        vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_hidden_layers,

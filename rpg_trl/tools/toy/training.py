@@ -1,5 +1,6 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""How the toy task trains on a CPU: the session settings, the supervised and RL training presets, a terse progress bar."""
+"""How the toy task trains: the session settings, the device (the CPU by default, or CUDA), the supervised and RL training
+presets, a terse progress bar."""
 
 from __future__ import annotations
 
@@ -60,22 +61,34 @@ def no_activation_checkpointing() -> dict:
     return activation_checkpointing(False)
 
 
-#: Settings shared by every trainer of the demo and of the benchmarks on the addition task: CPU, fp32, no checkpoints or
-#: trackers (and no activation checkpointing: [`no_activation_checkpointing`]).
-CPU_TRAINING_KWARGS = {
-    "use_cpu": True,
-    "bf16": False,
+#: Settings shared by every trainer of the demo and of the benchmarks on the addition task: no checkpoints or trackers
+#: (and no activation checkpointing: [`no_activation_checkpointing`]); the device's are [`device_training_kwargs`].
+TRAINING_KWARGS = {
     "report_to": "none",
     "save_strategy": "no",
     "dataloader_num_workers": 0,
     "disable_tqdm": False,
 }
+#: The devices the toy task trains on.
+DEVICES = ("cpu", "cuda")
 
 
-def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False):
+def device_training_kwargs(device: str = "cpu") -> dict:
     """
-    [`~trl.SFTConfig`] of the warm start: batch 32, AdamW at 5e-3 with cosine decay, weight decay 0.1. `prepared=True`
-    declares the dataset already tokenized by a previous `SFTTrainer` (TRL's `skip_prepare_dataset`).
+    The training arguments that choose `device`, as accelerate's and TRL's examples switch it: on "cpu", the CPU in
+    float32 (`use_cpu=True`); on "cuda", the first GPU with bf16 autocast (`bf16=True`: float32 weights and optimizer,
+    the forward passes in bfloat16, the Trainer's mixed precision).
+    """
+    if device not in DEVICES:
+        raise ValueError(f"`device` must be one of {DEVICES}; got {device!r}. Use 'cuda' on a machine with a GPU.")
+    return {"use_cpu": device == "cpu", "bf16": device == "cuda"}
+
+
+def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False, device: str = "cpu"):
+    """
+    [`~trl.SFTConfig`] of the warm start: batch 32, AdamW at 5e-3 with cosine decay, weight decay 0.1, on `device`
+    ([`device_training_kwargs`]). `prepared=True` declares the dataset already tokenized by a previous `SFTTrainer`
+    (TRL's `skip_prepare_dataset`).
     """
     from trl import SFTConfig
 
@@ -91,18 +104,20 @@ def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False
         max_length=32,
         logging_steps=50,
         seed=seed,
-        **CPU_TRAINING_KWARGS,
+        **TRAINING_KWARGS,
+        **device_training_kwargs(device),
         **no_activation_checkpointing(),
     )
 
 
-def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float) -> dict:
+def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float, device: str = "cpu") -> dict:
     """
     Arguments shared by the RL phase of the demo and every algorithm of ``rpg-trl bench-algos``.
 
     128 completions per optimizer step (16 prompts × 8 samples), 4 optimizer steps per generation batch (64
     prompts), temperature 1.0, at most 4 new tokens; AdamW with the paper's weight decay (0.1), gradient clipping
-    (1.0) and 10 warm-up steps followed by a constant learning rate (Appendix H).
+    (1.0) and 10 warm-up steps followed by a constant learning rate (Appendix H); on `device`
+    ([`device_training_kwargs`]).
     """
     return {
         "max_steps": steps,
@@ -118,18 +133,19 @@ def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float) -> dict:
         "temperature": 1.0,
         "logging_steps": 1,
         "seed": seed,
-        **CPU_TRAINING_KWARGS,
+        **TRAINING_KWARGS,
+        **device_training_kwargs(device),
         **no_activation_checkpointing(),
     }
 
 
-def rpg_config(output_dir: str, *, steps: int, seed: int, learning_rate: float, **rpg_kwargs):
-    """[`RPGConfig`] of the demo: [`rl_training_kwargs`] plus RPG's paper defaults, overridable by `rpg_kwargs`."""
+def rpg_config(output_dir: str, *, steps: int, seed: int, learning_rate: float, device: str = "cpu", **rpg_kwargs):
+    """[`RPGConfig`] of the demo: [`rl_training_kwargs`] on `device` plus RPG's paper defaults, overridable by
+    `rpg_kwargs`."""
     from rpg_trl.config import RPGConfig
 
-    return RPGConfig(
-        output_dir=output_dir, **rl_training_kwargs(steps=steps, seed=seed, learning_rate=learning_rate), **rpg_kwargs
-    )
+    kwargs = rl_training_kwargs(steps=steps, seed=seed, learning_rate=learning_rate, device=device)
+    return RPGConfig(output_dir=output_dir, **kwargs, **rpg_kwargs)
 
 
 @functools.cache

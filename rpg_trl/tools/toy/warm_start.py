@@ -36,7 +36,13 @@ class WarmStartReport:
 
 
 def warm_start(
-    splits: AdditionSplits, output_dir: str, *, steps: int, seed: int, extra_rounds: int = WARM_START_EXTRA_ROUNDS
+    splits: AdditionSplits,
+    output_dir: str,
+    *,
+    steps: int,
+    seed: int,
+    extra_rounds: int = WARM_START_EXTRA_ROUNDS,
+    device: str = "cpu",
 ):
     """
     Build the demo model, train it with [`~trl.SFTTrainer`] until it can add, and save it with its trainer state.
@@ -46,7 +52,7 @@ def warm_start(
     on them afterwards). Learning to add is a phase transition whose time varies with the seed; while the accuracy is
     below [`WARM_START_MIN_ACCURACY`], up to `extra_rounds` (default [`WARM_START_EXTRA_ROUNDS`]) more rounds of
     ``2/3 · steps`` steps (a warm restart of the schedule, new data order) follow. Most seeds stop after the first
-    round.
+    round. It trains on `device` ([`rpg_trl.tools.toy.training.device_training_kwargs`]).
 
     Returns:
         `(model, tokenizer, WarmStartReport)`.
@@ -64,7 +70,9 @@ def warm_start(
     for round_index in range(1 + extra_rounds):
         trainer = SFTTrainer(
             model=model,
-            args=sft_config(output_dir, steps=round_steps, seed=seed + round_index, prepared=round_index > 0),
+            args=sft_config(
+                output_dir, steps=round_steps, seed=seed + round_index, prepared=round_index > 0, device=device
+            ),
             train_dataset=dataset,
             processing_class=tokenizer,
         )
@@ -92,10 +100,11 @@ def cached_warm_start(
     steps: int,
     seed: int,
     extra_rounds: int = WARM_START_EXTRA_ROUNDS,
+    device: str = "cpu",
 ) -> dict:
     """
     [`warm_start`] into `directory`, or reuse the one there if it was trained with the same settings (recorded in
-    ``warm_start.json``); return its report as a dict (`steps`, `rounds`, `check_accuracy`). The benchmarks train one
+    ``warm_start.json``, `device` included); return its report as a dict (`steps`, `rounds`, `check_accuracy`). The benchmarks train one
     warm start per seed and share it between their methods and between runs.
     """
     directory = Path(directory)
@@ -109,12 +118,14 @@ def cached_warm_start(
         "label_noise": SFT_LABEL_NOISE,
         "easy_fraction": SFT_EASY_FRACTION,
     }
+    if device != "cpu":  # a setting only off the CPU, so that the warm starts cached before it stay valid
+        settings["device"] = device
     if marker.is_file():
         saved = json.loads(marker.read_text())
         if saved.get("settings") == settings:
             print(f"Reusing the warm start in {directory}")
             return saved["report"]
     print(f"Warm start of seed {seed}: {steps} supervised steps")
-    _, _, report = warm_start(splits, str(directory), steps=steps, seed=seed, extra_rounds=extra_rounds)
+    _, _, report = warm_start(splits, str(directory), steps=steps, seed=seed, extra_rounds=extra_rounds, device=device)
     marker.write_text(json.dumps({"settings": settings, "report": asdict(report)}, indent=2) + "\n")
     return asdict(report)

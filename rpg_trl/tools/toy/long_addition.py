@@ -59,6 +59,9 @@ MODEL_SIZES = {
 }
 #: Fraction of the warm start's worked solutions with one slip (a column sum off by one, carried through).
 SFT_SLIP_RATE = 0.5
+#: Supervised steps (batch 32) of the warm start, and the problems drawn for it by default (one epoch of them).
+SFT_STEPS = 300
+NUM_SFT_PROBLEMS = 32 * SFT_STEPS
 #: Characters of a row of the worked solution, its line break included (see [`worked_solution`]).
 ROW_LENGTH = 3 * NUM_DIGITS + 12
 #: Longest completion: six column lines of 9 characters, ``"Answer: "``, seven digits and the end-of-sequence token.
@@ -76,8 +79,10 @@ class LongAdditionSplits:
     eval: list[tuple[int, int]]
 
 
-def make_splits(seed: int, num_eval: int = 400, num_rl: int = 4000, num_sft: int = 40_000) -> LongAdditionSplits:
-    """Draw `num_eval + num_rl + num_sft` distinct problems of two six-digit operands with `seed` and split them
+def make_splits(
+    seed: int, num_eval: int = 400, num_rl: int = 4000, num_sft: int = NUM_SFT_PROBLEMS
+) -> LongAdditionSplits:
+    """Draw `num_eval + num_rl + num_sft` distinct problems of two operands of [`NUM_DIGITS`] digits with `seed` and split them
     into held-out, RL and supervised pools (disjoint: no problem is in two of them)."""
     for name, value in (("num_eval", num_eval), ("num_rl", num_rl), ("num_sft", num_sft)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -194,3 +199,36 @@ def build_model(seed: int, size: str = "small"):
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer, seed=seed, **MODEL_SIZES[size])
     return model, tokenizer
+
+
+def warm_start(splits: LongAdditionSplits, output_dir: str, *, steps: int, seed: int, size: str = "small"):
+    """
+    Build the task's model ([`build_model`]), train it with [`~trl.SFTTrainer`] for `steps` steps on the worked
+    solutions of ``splits.sft`` ([`build_sft_dataset`]; the preset of [`rpg_trl.tools.toy.training.sft_config`]), and
+    save it with its trainer state in `output_dir`. There is no readiness check: the held-out accuracy the demo
+    measures next is the warm start's result.
+
+    Returns:
+        `(model, tokenizer, WarmStartReport)` (one round, no check accuracy).
+    """
+    from trl import SFTTrainer
+
+    from .training import sft_config, use_terse_progress
+    from .warm_start import WarmStartReport
+
+    model, tokenizer = build_model(seed, size)
+    if steps == 0:
+        model.save_pretrained(output_dir)
+        tokenizer.save_pretrained(output_dir)
+        return model, tokenizer, WarmStartReport(steps=0, rounds=0, check_accuracy=None)
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_config(output_dir, steps=steps, seed=seed, max_length=MAX_LENGTH),
+        train_dataset=build_sft_dataset(splits.sft, seed),
+        processing_class=tokenizer,
+    )
+    use_terse_progress(trainer)
+    trainer.train()
+    trainer.save_model(output_dir)
+    trainer.save_state()
+    return model, tokenizer, WarmStartReport(steps=steps, rounds=1, check_accuracy=None)

@@ -72,10 +72,11 @@ CPU_TRAINING_KWARGS = {
 }
 
 
-def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False):
+def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False, max_length: int = 32):
     """
-    [`~trl.SFTConfig`] of the warm start: batch 32, AdamW at 5e-3 with cosine decay, weight decay 0.1. `prepared=True`
-    declares the dataset already tokenized by a previous `SFTTrainer` (TRL's `skip_prepare_dataset`).
+    [`~trl.SFTConfig`] of the warm start: batch 32, AdamW at 5e-3 with cosine decay, weight decay 0.1, sequences of
+    at most `max_length` tokens (32: the two-digit additions'). `prepared=True` declares the dataset already tokenized by
+    a previous `SFTTrainer` (TRL's `skip_prepare_dataset`).
     """
     from trl import SFTConfig
 
@@ -88,7 +89,7 @@ def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False
         lr_scheduler_type="cosine",
         warmup_steps=20,
         weight_decay=0.1,
-        max_length=32,
+        max_length=max_length,
         logging_steps=50,
         seed=seed,
         **CPU_TRAINING_KWARGS,
@@ -96,12 +97,14 @@ def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False
     )
 
 
-def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float) -> dict:
+def rl_training_kwargs(
+    *, steps: int, seed: int, learning_rate: float, max_completion_length: int = MAX_COMPLETION_LENGTH
+) -> dict:
     """
     Arguments shared by the RL phase of the demo and every algorithm of ``rpg-trl bench-algos``.
 
     128 completions per optimizer step (16 prompts × 8 samples), 4 optimizer steps per generation batch (64
-    prompts), temperature 1.0, at most 4 new tokens; AdamW with the paper's weight decay (0.1), gradient clipping
+    prompts), temperature 1.0, at most `max_completion_length` new tokens (4: the two-digit additions'); AdamW with the paper's weight decay (0.1), gradient clipping
     (1.0) and 10 warm-up steps followed by a constant learning rate (Appendix H).
     """
     return {
@@ -114,7 +117,7 @@ def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float) -> dict:
         "per_device_train_batch_size": 128,
         "num_generations": 8,
         "steps_per_generation": 4,
-        "max_completion_length": MAX_COMPLETION_LENGTH,
+        "max_completion_length": max_completion_length,
         "temperature": 1.0,
         "logging_steps": 1,
         "seed": seed,
@@ -123,13 +126,22 @@ def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float) -> dict:
     }
 
 
-def rpg_config(output_dir: str, *, steps: int, seed: int, learning_rate: float, **rpg_kwargs):
+def rpg_config(
+    output_dir: str,
+    *,
+    steps: int,
+    seed: int,
+    learning_rate: float,
+    max_completion_length: int = MAX_COMPLETION_LENGTH,
+    **rpg_kwargs,
+):
     """[`RPGConfig`] of the demo: [`rl_training_kwargs`] plus RPG's paper defaults, overridable by `rpg_kwargs`."""
     from rpg_trl.config import RPGConfig
 
-    return RPGConfig(
-        output_dir=output_dir, **rl_training_kwargs(steps=steps, seed=seed, learning_rate=learning_rate), **rpg_kwargs
+    training = rl_training_kwargs(
+        steps=steps, seed=seed, learning_rate=learning_rate, max_completion_length=max_completion_length
     )
+    return RPGConfig(output_dir=output_dir, **training, **rpg_kwargs)
 
 
 @functools.cache

@@ -73,9 +73,9 @@ def test_splits_are_disjoint_four_digit_problems_and_depend_on_the_seed():
         long_addition.make_splits(0, num_rl=0)
 
 
-def test_sft_dataset_has_half_slipped_solutions_each_off_by_a_power_of_ten():
+def test_sft_dataset_has_the_slipped_fraction_each_off_by_a_power_of_ten():
     pairs = long_addition.make_splits(0, num_eval=10, num_rl=10, num_sft=2000).sft
-    dataset = long_addition.build_sft_dataset(pairs, seed=0)
+    dataset = long_addition.build_sft_dataset(pairs, seed=0, slip_rate=0.5)
     offsets = []
     for row, (a, b) in zip(dataset, pairs, strict=True):
         assert row["prompt"] == f"{a}+{b}="
@@ -85,6 +85,9 @@ def test_sft_dataset_has_half_slipped_solutions_each_off_by_a_power_of_ten():
     wrong = [offset for offset in offsets if offset != 0]
     assert 0.45 < len(wrong) / len(offsets) < 0.55
     assert {abs(offset) for offset in wrong} == {1, 10, 100, 1000}
+    default = long_addition.build_sft_dataset(pairs, seed=0)  # SFT_SLIP_RATE = 0.1
+    slipped = sum(row["completion"] != long_addition.worked_solution(a, b) for row, (a, b) in zip(default, pairs))
+    assert 0.07 < slipped / len(pairs) < 0.13
 
 
 def test_reward_reads_the_answer_line_and_agrees_with_math_verify():
@@ -121,7 +124,7 @@ def test_model_sizes():
 
 def test_demo_arguments_take_the_tasks_defaults_and_reject_what_the_task_lacks():
     args = DemoArguments(task="long_addition")
-    assert (args.steps, args.sft_steps, args.sft_extra_rounds, args.learning_rate) == (40, 300, 0, 1e-4)
+    assert (args.steps, args.sft_steps, args.sft_extra_rounds, args.learning_rate) == (40, 400, 0, 1e-4)
     assert DemoArguments().sft_steps == 1500 and DemoArguments(steps=7).steps == 7
     assert DemoArguments(task="long_addition", model_size="large").model_size == "large"
     with pytest.raises(ValueError, match="`task` must be one of"):
@@ -149,7 +152,7 @@ def test_demo_long_addition_smoke(tmp_path, monkeypatch):
     assert summary["config"]["demo"]["task"] == "long_addition"
     assert summary["config"]["rl"]["max_completion_length"] == 110
     assert summary["config"]["model"] == long_addition.MODEL_SIZES["small"]
-    assert summary["config"]["warm_start"]["slip_rate"] == 0.5
+    assert summary["config"]["warm_start"]["slip_rate"] == long_addition.SFT_SLIP_RATE
     assert "four-digit additions worked out in rows" in summary["accuracy_definition"]
     assert [point["step"] for point in summary["accuracy_curve"]] == [0, 2]
     # An untrained model rarely stops early: its completions are long.

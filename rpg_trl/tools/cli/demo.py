@@ -120,7 +120,7 @@ class DemoArguments:
     sft_steps: int | None = field(
         default=None,
         metadata={
-            "help": "Supervised warm-start steps (batch 32) of the first round (default: 1500 for addition, 300 for "
+            "help": "Supervised warm-start steps (batch 32) of the first round (default: 1500 for addition, 400 for "
             "long_addition); with addition, more rounds follow while the model cannot add yet (see "
             "`sft_extra_rounds`). Far fewer steps leave a model that cannot add (useful only for smoke tests)."
         },
@@ -153,7 +153,7 @@ class DemoArguments:
     eval_every: int | None = field(
         default=None,
         metadata={
-            "help": "Evaluate the held-out accuracy every this many RPG steps (default: 50 for addition, 20 for "
+            "help": "Evaluate the held-out accuracy every this many RPG steps (default: 50 for addition, 40 for "
             "long_addition)."
         },
     )

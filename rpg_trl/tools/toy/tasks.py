@@ -86,7 +86,7 @@ DEMO_TASKS: dict[str, DemoTask] = {
             "sft_steps": long_addition.SFT_STEPS,
             "sft_extra_rounds": 0,
             "learning_rate": 1e-4,
-            "eval_every": 20,
+            "eval_every": 40,
         },
         warm_start_settings={"slip_rate": long_addition.SFT_SLIP_RATE, "num_digits": long_addition.NUM_DIGITS},
         # As many supervised problems as the warm start's batches of 32 use (one epoch): tokenizing more costs time.

@@ -85,9 +85,9 @@ def test_sft_dataset_has_the_slipped_fraction_each_off_by_a_power_of_ten():
     wrong = [offset for offset in offsets if offset != 0]
     assert 0.45 < len(wrong) / len(offsets) < 0.55
     assert {abs(offset) for offset in wrong} == {1, 10, 100, 1000}
-    default = long_addition.build_sft_dataset(pairs, seed=0)  # SFT_SLIP_RATE = 0.3
+    default = long_addition.build_sft_dataset(pairs, seed=0)  # SFT_SLIP_RATE = 0.6
     slipped = sum(row["completion"] != long_addition.worked_solution(a, b) for row, (a, b) in zip(default, pairs))
-    assert 0.26 < slipped / len(pairs) < 0.34
+    assert 0.56 < slipped / len(pairs) < 0.64
 
 
 def test_reward_reads_the_answer_line_and_agrees_with_math_verify():

@@ -58,7 +58,7 @@ MODEL_SIZES = {
     },
 }
 #: Fraction of the warm start's worked solutions with one slip (a column sum off by one, carried through).
-SFT_SLIP_RATE = 0.3
+SFT_SLIP_RATE = 0.6
 #: Supervised steps (batch 32) of the warm start, and the problems drawn for it by default (one epoch of them).
 SFT_STEPS = 400
 NUM_SFT_PROBLEMS = 32 * SFT_STEPS

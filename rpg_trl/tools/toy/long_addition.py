@@ -1,28 +1,30 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-r"""The long-addition task of ``rpg-trl demo --task long_addition``: six-digit additions worked out column by column.
+r"""The long-addition task of ``rpg-trl demo --task long_addition``: four-digit additions worked out row by row.
 
-The prompt is ``a+b=`` (100000 ≤ a, b ≤ 999999). The completion writes the addition out as a pupil does, one line per
-column from the units up, each ``x+y+c=s`` with the two digits of the column, the carry coming in and the two-digit
-column sum (whose first digit is the next carry), then the answer line::
+The prompt is ``a+b=`` (1000 ≤ a, b ≤ 9999). The completion writes the addition out as a pupil does, one row per
+column from the units up, then the answer line ([`worked_solution`]); for ``4829+3716=``::
 
-    482915+371604=
-    5+4+0=09
-    1+0+0=01
-    9+6+0=15
-    2+1+1=04
-    8+7+0=15
-    4+3+1=08
-    Answer: 854519
+    4829+3716:9+6+0=15:5...
+    .482+.371:2+1+1=04:45..
+    ..48+..37:8+7+0=15:545.
+    ...4+...3:4+3+1=08:8545
+    Answer: 8545
 
-that is 6 × 9 + 8 + 6 or 7 characters and the end-of-sequence token: 69-70 tokens with the character tokenizer
-([`worked_solution`]), where the two-digit demo writes 3-4. Only the answer is scored, by the project's math-verify
-reward ([`long_addition_reward`]); the steps are how the model gets there, and a slip in any of them carries through
-to the answer.
+Row ``i`` holds the operands with their ``i`` last digits struck off (shifted right, ``.`` on the left), the
+column's two digits (the operands' last digits on the row) and the carry coming in (the first digit of the row
+above's sum), the two-digit column sum, and the result so far (the sum's units digit, then the row above's result).
+Every character is a copy at a fixed distance (the row above, shifted by one) or a sum of digits on its own row, so a
+447k-parameter model learns the procedure in minutes on a CPU; a layout that leaves the operands in the prompt asks it
+to find the i-th digit of each, which it learned far more slowly (seen while designing the task; no command here
+measures it). Four rows of 24 characters, ``"Answer: "``, four or
+five digits and the end-of-sequence token: 109-110 tokens with the character tokenizer, where the two-digit demo
+writes 3-4. Only the answer line is scored, by the project's math-verify reward ([`long_addition_reward`]); the rows
+are how the model gets there, and a slip in any of them carries through to the answer.
 
-The warm start ([`build_sft_dataset`]) learns from worked solutions of which a fraction contain one slip: a column
-sum off by one, carried through consistently to the answer, as a pupil who miscounts once would. The model learns
-the procedure and, with it, a rate of slips per column, which compounds over the six columns and the answer's
-copy: the sampled accuracy is well below the greedy one, and there is room for RL to sharpen.
+The warm start ([`warm_start`], [`build_sft_dataset`]) learns from worked solutions of which a fraction
+[`SFT_SLIP_RATE`] contain one slip: a column sum off by one, carried through consistently to the answer, as a pupil
+who miscounts once. The model learns the procedure and, with it, a rate of slips per column: it ranks the right answer
+first (high greedy accuracy) and samples it far less often, and there is room for RL to sharpen.
 
 [`build_model`] builds the task's Qwen3 at one of the sizes of [`MODEL_SIZES`]: ``"small"`` for a CPU,
 ``"large"`` for a GPU run, the same code. Splits ([`make_splits`]) draw disjoint problems per seed.
@@ -64,7 +66,7 @@ SFT_STEPS = 400
 NUM_SFT_PROBLEMS = 32 * SFT_STEPS
 #: Characters of a row of the worked solution, its line break included (see [`worked_solution`]).
 ROW_LENGTH = 3 * NUM_DIGITS + 12
-#: Longest completion: six column lines of 9 characters, ``"Answer: "``, seven digits and the end-of-sequence token.
+#: Longest completion: the rows, ``"Answer: "``, ``NUM_DIGITS + 1`` digits and the end-of-sequence token.
 MAX_COMPLETION_LENGTH = NUM_DIGITS * ROW_LENGTH + len("Answer: ") + NUM_DIGITS + 1 + 1
 #: Longest prompt plus completion, in tokens (the warm start's `max_length`).
 MAX_LENGTH = 2 * NUM_DIGITS + 2 + MAX_COMPLETION_LENGTH
@@ -132,9 +134,7 @@ def worked_solution(a: int, b: int, slip: tuple[int, int] | None = None) -> str:
 
 
 def random_slip(rng: random.Random) -> tuple[int, int]:
-    """A slip for [`worked_solution`]: a uniformly drawn column and ±1 (±1 never leaves 0-19 with the sign chosen
-    here: +1 on a column summing to 0, −1 on one summing to 19, are the only ones out of range and are avoided by
-    [`noisy_solution`])."""
+    """A slip for [`worked_solution`]: a uniformly drawn column and an offset of −1 or +1."""
     return rng.randrange(NUM_DIGITS), rng.choice((-1, 1))
 
 

@@ -15,20 +15,24 @@ from rpg_trl.tools.toy.models import build_char_tokenizer
 
 # 4829 + 3716 = 8545, worked out by hand: units 9+6=15 (write 5, carry 1), tens 2+1+1=4, hundreds 8+7=15 (write 5,
 # carry 1), thousands 4+3+1=8. Each row strikes off the operands' last digit, and the result grows on the left.
-HAND_EXAMPLE = (
-    "4829+3716:9+6+0=15:5...\n"
-    ".482+.371:2+1+1=04:45..\n"
-    "..48+..37:8+7+0=15:545.\n"
-    "...4+...3:4+3+1=08:8545\n"
-    "Answer: 8545"
+HAND_EXAMPLE = "\n".join(
+    [
+        "4829+3716:9+6+0=15:5...",
+        ".482+.371:2+1+1=04:45..",
+        "..48+..37:8+7+0=15:545.",
+        "...4+...3:4+3+1=08:8545",
+        "Answer: 8545",
+    ]
 )
 # 9999 + 9999 = 19998: a carry out of every column, and out of the last one into the answer.
-ALL_CARRIES = (
-    "9999+9999:9+9+0=18:8...\n"
-    ".999+.999:9+9+1=19:98..\n"
-    "..99+..99:9+9+1=19:998.\n"
-    "...9+...9:9+9+1=19:9998\n"
-    "Answer: 19998"
+ALL_CARRIES = "\n".join(
+    [
+        "9999+9999:9+9+0=18:8...",
+        ".999+.999:9+9+1=19:98..",
+        "..99+..99:9+9+1=19:998.",
+        "...9+...9:9+9+1=19:9998",
+        "Answer: 19998",
+    ]
 )
 
 

@@ -111,7 +111,8 @@ class DemoArguments:
         },
     )
     steps: int | None = field(
-        default=None, metadata={"help": "Number of RPG optimizer steps (default: 400 for addition, 40 for long_addition)."}
+        default=None,
+        metadata={"help": "Number of RPG optimizer steps (default: 400 for addition, 40 for long_addition)."},
     )
     seed: int = field(
         default=0,

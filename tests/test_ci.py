@@ -124,8 +124,10 @@ def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_pa
         took = time.monotonic() - sent
         assert ci.returncode == 143, stderr
         assert took < (15 if ignores_sigterm else 5), (took, stderr)
-        assert stderr.strip().splitlines()[-1].startswith(
-            "== FAILED: numerics-sensitive tests under ATEN_CPU_CAPABILITY=default (exit status 143"
+        assert (
+            stderr.strip()
+            .splitlines()[-1]
+            .startswith("== FAILED: numerics-sensitive tests under ATEN_CPU_CAPABILITY=default (exit status 143")
         ), stderr
         deadline = time.monotonic() + 2
         while _running(pids) and time.monotonic() < deadline:
@@ -133,4 +135,3 @@ def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_pa
         assert not _running(pids), f"left running after CI's SIGTERM: {_running(pids)}"
     finally:
         _end(ci, pids)
-

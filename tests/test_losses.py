@@ -626,7 +626,9 @@ def test_sequence_level_values_differentiate_to_the_log_space_weights(divergence
     (autograd,) = torch.autograd.grad((kl_values(ratios, spec) * torch.tensor(mask)).sum(), logps)
     weights = kl_weights(ratios, spec, regions) * torch.tensor(mask)
     np.testing.assert_allclose(autograd.numpy(), weights.numpy(), rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(weights.numpy(), mask * sequence_K(divergence, lp, old, ref, mask), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        weights.numpy(), mask * sequence_K(divergence, lp, old, ref, mask), rtol=1e-10, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("mode", KL_CLIP_MODES)

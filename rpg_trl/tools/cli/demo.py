@@ -29,7 +29,12 @@ and the trainer states of both phases (``sft/`` and ``rpg/``, readable by ``rpg-
 rpg-trl demo                          # default seed 0, output in rpg_demo/
 rpg-trl demo --seed 1 --output_dir rpg_demo_seed1
 rpg-trl demo --device cuda            # the same on the first GPU, with bf16 autocast
+rpg-trl demo --task long_addition     # four-digit additions worked out in rows: completions of ~110 tokens
 ```
+
+``--task long_addition`` runs the same pipeline on the task of [`rpg_trl.tools.toy.long_addition`], whose completions
+are 109-110 tokens long, so that RPG's importance weights and its sequence-level KL act over many tokens; the tasks and
+their defaults are listed in [`rpg_trl.tools.toy.tasks`].
 """
 
 from __future__ import annotations
@@ -41,8 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..toy.addition import DEMO_MODEL_KWARGS, SFT_EASY_FRACTION, SFT_LABEL_NOISE
-from ..toy.warm_start import WARM_START_EXTRA_ROUNDS, WARM_START_MIN_ACCURACY
+from ..toy.tasks import DEMO_TASKS
 
 
 #: Keys of the warm-start configuration recorded in ``summary.json`` (the rest are TRL defaults).
@@ -93,24 +97,42 @@ class DemoArguments:
         default="rpg_demo",
         metadata={"help": "Where to write summary.json, curves.png and the trainer states."},
     )
-    steps: int = field(default=400, metadata={"help": "Number of RPG optimizer steps."})
+    task: str = field(
+        default="addition",
+        metadata={
+            "help": "The task: 'addition' (two-digit additions, the bare sum: 3-4 tokens) or 'long_addition' (four-digit "
+            "additions worked out in rows: 109-110 tokens, where RPG's weights act over long completions; "
+            "docs/demo.md). It sets the defaults of the arguments below that say so."
+        },
+    )
+    model_size: str = field(
+        default="small",
+        metadata={
+            "help": "Size of the task's model: 'small' (CPU); 'long_addition' also has 'large' (a GPU run, same code)."
+        },
+    )
+    steps: int | None = field(
+        default=None,
+        metadata={"help": "Number of RPG optimizer steps (default: 400 for addition, 40 for long_addition)."},
+    )
     seed: int = field(
         default=0,
         metadata={"help": "Seed of the problem split, the model initialisation, training and evaluation."},
     )
-    sft_steps: int = field(
-        default=1500,
+    sft_steps: int | None = field(
+        default=None,
         metadata={
-            "help": "Supervised warm-start steps (batch 32) of the first round; more rounds follow while the model "
-            "cannot add yet (see `sft_extra_rounds`). Far fewer steps leave a model that cannot add (useful only for "
-            "smoke tests)."
+            "help": "Supervised warm-start steps (batch 32) of the first round (default: 1500 for addition, 400 for "
+            "long_addition); with addition, more rounds follow while the model cannot add yet (see "
+            "`sft_extra_rounds`). Far fewer steps leave a model that cannot add (useful only for smoke tests)."
         },
     )
-    sft_extra_rounds: int = field(
-        default=WARM_START_EXTRA_ROUNDS,
+    sft_extra_rounds: int | None = field(
+        default=None,
         metadata={
             "help": "At most this many extra warm-start rounds (of 2/3 of `sft_steps` each) while the model cannot add "
-            "yet; 0 disables the readiness check's extension."
+            "yet; 0 disables the readiness check's extension (default: 3 for addition; long_addition has no readiness "
+            "check: 0)."
         },
     )
     divergence: str = field(
@@ -121,16 +143,22 @@ class DemoArguments:
         default="reinforce",
         metadata={"help": "RPG estimator: 'reinforce' or 'differentiable'."},
     )
-    learning_rate: float = field(
-        default=6e-4,
+    learning_rate: float | None = field(
+        default=None,
         metadata={
-            "help": "RPG learning rate (AdamW, 10 warm-up steps, then constant), tuned for this tiny "
-            "model with advantage = reward − group mean (no std scaling)."
+            "help": "RPG learning rate (AdamW, 10 warm-up steps, then constant; default: 6e-4 for addition, tuned for "
+            "its tiny model with advantage = reward − group mean (no std scaling); 1e-4 for long_addition, not tuned)."
         },
     )
     eval_problems: int = field(default=400, metadata={"help": "Number of held-out problems (never trained on)."})
     eval_samples: int = field(default=4, metadata={"help": "Completions sampled per held-out problem (mean@k)."})
-    eval_every: int = field(default=50, metadata={"help": "Evaluate the held-out accuracy every this many RPG steps."})
+    eval_every: int | None = field(
+        default=None,
+        metadata={
+            "help": "Evaluate the held-out accuracy every this many RPG steps (default: 50 for addition, 40 for "
+            "long_addition)."
+        },
+    )
     device: str = field(
         default="cpu",
         metadata={
@@ -149,6 +177,22 @@ class DemoArguments:
     def __post_init__(self):
         from . import check_arguments
 
+        if self.task not in DEMO_TASKS:
+            raise ValueError(f"`task` must be one of {sorted(DEMO_TASKS)}; got {self.task!r}.")
+        task = DEMO_TASKS[self.task]
+        if self.model_size not in task.model_sizes:
+            raise ValueError(
+                f"`model_size` must be one of {sorted(task.model_sizes)} with `task={self.task!r}`; got "
+                f"{self.model_size!r}."
+            )
+        for name, value in task.defaults.items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.sft_extra_rounds and not task.readiness_check:
+            raise ValueError(
+                f"`sft_extra_rounds` must be 0 with `task={self.task!r}`: its warm start has no readiness check to "
+                f"extend; got {self.sft_extra_rounds}."
+            )
         check_arguments(
             self,
             at_least_one=("steps", "eval_problems", "eval_samples", "eval_every", "num_threads"),
@@ -181,37 +225,46 @@ def _run_demo(args: DemoArguments) -> dict:
     from rpg_trl.losses import PAPER_NAMES
     from rpg_trl.trainer import RPGTrainer
 
-    from ..toy.addition import addition_reward, build_rl_dataset, evaluation_seed, make_splits
+    from ..toy.addition import evaluation_seed
     from ..toy.evaluation import heldout_accuracy_callback
     from ..toy.training import rpg_config, sft_config, use_terse_progress
-    from ..toy.warm_start import warm_start
     from .plot import plot_runs
 
+    task = DEMO_TASKS[args.task]
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    splits = make_splits(args.seed, num_eval=args.eval_problems)
+    splits = task.make_splits(args.seed, args.eval_problems, args.sft_steps)
     eval_seed = evaluation_seed(args.seed)
 
-    print(f"[1/3] Supervised warm start: {args.sft_steps} steps on {len(splits.sft)} noisy additions (+ easy ones)")
+    print(f"[1/3] Supervised warm start: {args.sft_steps} steps on {len(splits.sft)} {task.warm_start_data}")
     sft_start = time.perf_counter()
-    model, tokenizer, warm = warm_start(
+    model, tokenizer, warm = task.warm_start(
         splits,
         str(output_dir / "sft"),
         steps=args.sft_steps,
         seed=args.seed,
         extra_rounds=args.sft_extra_rounds,
         device=args.device,
+        model_size=args.model_size,
     )
     sft_seconds = time.perf_counter() - sft_start
 
     accuracy = heldout_accuracy_callback(
-        model, tokenizer, splits.eval, every=args.eval_every, num_samples=args.eval_samples, seed=eval_seed
+        model,
+        tokenizer,
+        splits.eval,
+        every=args.eval_every,
+        num_samples=args.eval_samples,
+        seed=eval_seed,
+        reward_funcs={"accuracy": task.reward},
+        max_new_tokens=task.max_completion_length,
     )
     config = rpg_config(
         str(output_dir / "rpg"),
         steps=args.steps,
         seed=args.seed,
         learning_rate=args.learning_rate,
+        max_completion_length=task.max_completion_length,
         divergence=args.divergence,
         estimator=args.estimator,
         device=args.device,
@@ -220,9 +273,9 @@ def _run_demo(args: DemoArguments) -> dict:
     print(f"[2/3] {algorithm}: {args.steps} steps on {len(splits.rl)} new problems, exact-match reward")
     trainer = RPGTrainer(
         model=model,
-        reward_funcs=addition_reward,
+        reward_funcs=task.reward,
         args=config,
-        train_dataset=build_rl_dataset(splits.rl),
+        train_dataset=task.build_rl_dataset(splits.rl),
         processing_class=tokenizer,
         callbacks=[accuracy],
     )
@@ -252,13 +305,14 @@ def _run_demo(args: DemoArguments) -> dict:
         "accuracy_gain_points": 100.0 * (after["heldout/accuracy"] - before["heldout/accuracy"]),
         "accuracy_definition": (
             f"mean@{args.eval_samples}: fraction of correct answers among {args.eval_samples} completions per "
-            f"problem, sampled at temperature 1.0 without top-k/top-p, on {len(splits.eval)} held-out two-digit "
-            "additions never seen in training; correct = math-verify match of the completion with a+b"
+            f"problem, sampled at temperature 1.0 without top-k/top-p, on {len(splits.eval)} held-out "
+            f"{task.problems} never seen in training; correct = math-verify match of the completion's answer with a+b"
         ),
         "accuracy_curve": [
             {"step": e["step"], "accuracy": e["heldout/accuracy"], "greedy_accuracy": e["heldout/greedy_accuracy"]}
             for e in accuracy.curve
         ],
+        "completion_length_mean": _mean_completion_length(trainer.state.log_history),
         "algorithm": algorithm,
         "steps": args.steps,
         "sft_steps": args.sft_steps,
@@ -272,11 +326,9 @@ def _run_demo(args: DemoArguments) -> dict:
         "num_parameters": sum(p.numel() for p in model.parameters()),
         "config": {
             "demo": asdict(args),
-            "model": DEMO_MODEL_KWARGS,
+            "model": task.model_sizes[args.model_size],
             "warm_start": {
-                "label_noise": SFT_LABEL_NOISE,
-                "easy_fraction": SFT_EASY_FRACTION,
-                "min_check_accuracy": WARM_START_MIN_ACCURACY,
+                **task.warm_start_settings,
                 **{key: getattr(sft, key) for key in SUMMARY_SFT_CONFIG_KEYS},
             },
             "rl": {key: getattr(config, key) for key in (*SUMMARY_CONFIG_KEYS, *_rpg_fields())},
@@ -287,6 +339,13 @@ def _run_demo(args: DemoArguments) -> dict:
     }
     (output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _mean_completion_length(log_history: list[dict]) -> float | None:
+    """Mean, over the RL steps, of the mean length in tokens of the step's sampled completions (TRL's
+    ``completions/mean_length``); `None` when no step logged it."""
+    lengths = [entry["completions/mean_length"] for entry in log_history if "completions/mean_length" in entry]
+    return sum(lengths) / len(lengths) if lengths else None
 
 
 def _rpg_fields() -> tuple[str, ...]:

@@ -6,6 +6,8 @@ Everything here runs on a CPU without the hub: tiny Qwen3 models and character t
 accuracy and its trainer callback ([`evaluation`]), the supervised warm start that teaches the model to add and its
 per-seed cache ([`warm_start`]), the CPU session and training presets ([`training`]), deterministic rollouts for
 comparing trainers on the same batches ([`rollouts`]) and the training curves read back from a run ([`curves`]).
+``rpg-trl demo --task long_addition`` trains on four-digit additions worked out in rows, completions of 109-110 tokens
+([`long_addition`]); the demo reads what it needs of each task from [`tasks`].
 
 The library (`rpg_trl` outside `rpg_trl.tools.toy` and `rpg_trl.tools.cli`) never imports this package; the command line
 (`rpg_trl.tools.cli`) does. The names below are importable from `rpg_trl.tools.toy` directly; each is loaded on first use, so
@@ -43,6 +45,9 @@ _LAZY = {
     "rpg_config": ".training",
     "sft_config": ".training",
     "use_terse_progress": ".training",
+    # tasks of the demo
+    "DEMO_TASKS": ".tasks",
+    "DemoTask": ".tasks",
     # rollouts
     "make_fixed_rollout": ".rollouts",
     # curves

@@ -84,11 +84,13 @@ def device_training_kwargs(device: str = "cpu") -> dict:
     return {"use_cpu": device == "cpu", "bf16": device == "cuda"}
 
 
-def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False, device: str = "cpu"):
+def sft_config(
+    output_dir: str, *, steps: int, seed: int, prepared: bool = False, max_length: int = 32, device: str = "cpu"
+):
     """
-    [`~trl.SFTConfig`] of the warm start: batch 32, AdamW at 5e-3 with cosine decay, weight decay 0.1, on `device`
-    ([`device_training_kwargs`]). `prepared=True` declares the dataset already tokenized by a previous `SFTTrainer`
-    (TRL's `skip_prepare_dataset`).
+    [`~trl.SFTConfig`] of the warm start: batch 32, AdamW at 5e-3 with cosine decay, weight decay 0.1, sequences of
+    at most `max_length` tokens (32: the two-digit additions'), on `device` ([`device_training_kwargs`]).
+    `prepared=True` declares the dataset already tokenized by a previous `SFTTrainer` (TRL's `skip_prepare_dataset`).
     """
     from trl import SFTConfig
 
@@ -101,7 +103,7 @@ def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False
         lr_scheduler_type="cosine",
         warmup_steps=20,
         weight_decay=0.1,
-        max_length=32,
+        max_length=max_length,
         logging_steps=50,
         seed=seed,
         **TRAINING_KWARGS,
@@ -110,14 +112,21 @@ def sft_config(output_dir: str, *, steps: int, seed: int, prepared: bool = False
     )
 
 
-def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float, device: str = "cpu") -> dict:
+def rl_training_kwargs(
+    *,
+    steps: int,
+    seed: int,
+    learning_rate: float,
+    max_completion_length: int = MAX_COMPLETION_LENGTH,
+    device: str = "cpu",
+) -> dict:
     """
     Arguments shared by the RL phase of the demo and every algorithm of ``rpg-trl bench-algos``.
 
     128 completions per optimizer step (16 prompts × 8 samples), 4 optimizer steps per generation batch (64
-    prompts), temperature 1.0, at most 4 new tokens; AdamW with the paper's weight decay (0.1), gradient clipping
-    (1.0) and 10 warm-up steps followed by a constant learning rate (Appendix H); on `device`
-    ([`device_training_kwargs`]).
+    prompts), temperature 1.0, at most `max_completion_length` new tokens (4: the two-digit additions'); AdamW with the
+    paper's weight decay (0.1), gradient clipping (1.0) and 10 warm-up steps followed by a constant learning rate
+    (Appendix H); on `device` ([`device_training_kwargs`]).
     """
     return {
         "max_steps": steps,
@@ -129,7 +138,7 @@ def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float, device: s
         "per_device_train_batch_size": 128,
         "num_generations": 8,
         "steps_per_generation": 4,
-        "max_completion_length": MAX_COMPLETION_LENGTH,
+        "max_completion_length": max_completion_length,
         "temperature": 1.0,
         "logging_steps": 1,
         "seed": seed,
@@ -139,13 +148,28 @@ def rl_training_kwargs(*, steps: int, seed: int, learning_rate: float, device: s
     }
 
 
-def rpg_config(output_dir: str, *, steps: int, seed: int, learning_rate: float, device: str = "cpu", **rpg_kwargs):
+def rpg_config(
+    output_dir: str,
+    *,
+    steps: int,
+    seed: int,
+    learning_rate: float,
+    max_completion_length: int = MAX_COMPLETION_LENGTH,
+    device: str = "cpu",
+    **rpg_kwargs,
+):
     """[`RPGConfig`] of the demo: [`rl_training_kwargs`] on `device` plus RPG's paper defaults, overridable by
     `rpg_kwargs`."""
     from rpg_trl.config import RPGConfig
 
-    kwargs = rl_training_kwargs(steps=steps, seed=seed, learning_rate=learning_rate, device=device)
-    return RPGConfig(output_dir=output_dir, **kwargs, **rpg_kwargs)
+    training = rl_training_kwargs(
+        steps=steps,
+        seed=seed,
+        learning_rate=learning_rate,
+        max_completion_length=max_completion_length,
+        device=device,
+    )
+    return RPGConfig(output_dir=output_dir, **training, **rpg_kwargs)
 
 
 @functools.cache

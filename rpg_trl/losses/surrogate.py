@@ -88,14 +88,14 @@ def differentiable_per_token_loss(
     reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
     if reward_mask is not None:
         reward_loss = reward_loss * reward_mask
-    if spec.kl_term.importance_weighted and spec.kl_level == "sequence":
-        # The weights of whole completions, in log space at any length (autograd through `S` would read the clamped
-        # prefixes): the value is `S`, the gradient the weight of `kl_weights`, clipped or not.
-        with torch.no_grad():
-            value = kl_values(ratios, spec)
-        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.kl_log_w)
-    elif spec.clip and spec.kl_term.importance_weighted:
-        value = token_kl(ratios, spec)  # the logged estimate: the same token ratios
+    # Straight-through with the clip on, and always over whole completions, whose weights are taken in log space at
+    # any length (autograd through `S` would read the clamped prefixes).
+    if spec.kl_term.importance_weighted and (spec.clip or spec.kl_level == "sequence"):
+        if spec.kl_level == "token":
+            value = token_kl(ratios, spec)  # the logged estimate: the same token ratios
+        else:
+            with torch.no_grad():
+                value = kl_values(ratios, spec)
         kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.kl_log_w)
     else:
         kl = kl_values(ratios, spec)

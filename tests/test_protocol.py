@@ -129,6 +129,30 @@ def test_proxy_pays_the_leading_number_and_the_length_strict_pays_exact_answers(
     assert proxy.PROXY_MAX_COMPLETION_LENGTH == 8
 
 
+def test_the_long_tasks_proxy_pays_the_answer_line_and_its_padding():
+    from rpg_trl.tools.toy.long_addition import MAX_COMPLETION_LENGTH, worked_solution
+
+    right = worked_solution(4829, 3716)  # ends with "Answer: 8545"
+    rows = right.rsplit("\n", 1)[0]
+    completions = [
+        right,
+        right + "..",
+        right + "\n:::::",
+        rows + "\nAnswer: 8546..",
+        rows + "\nAnswer: x8545",
+        rows,
+        "Answer: 8545",
+        right + "\nAnswer: 1",
+    ]
+    solutions = ["8545"] * len(completions)
+    assert proxy.answer_line_proxy_reward(completions, solutions) == pytest.approx(
+        [1.0, 2.0, 3.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    )
+    assert proxy.answer_line_strict_reward(completions, solutions) == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    # The worked solution (110 tokens with the end token) and the 4 characters the proxy pays for.
+    assert MAX_COMPLETION_LENGTH == 110 and proxy.long_max_completion_length() == 114
+
+
 def test_heldout_scores_share_the_completions(tmp_path):
     from rpg_trl.tools.toy import build_model, heldout_accuracy
     from rpg_trl.tools.toy.addition import addition_reward

@@ -59,6 +59,9 @@ ALGORITHMS = {
     "RPG-URKL": ("rpg", {"divergence": "urkl", "estimator": "differentiable"}),
     "RPG-REINFORCE-UFKL": ("rpg", {"divergence": "ufkl", "estimator": "reinforce"}),
     "RPG-REINFORCE-URKL": ("rpg", {"divergence": "urkl", "estimator": "reinforce"}),
+    # The fourth protocol (docs/bench_algos.md): RPGConfig's defaults, per token and over whole completions.
+    "RPG default": ("rpg", {}),
+    "RPG sequence": ("rpg", {"kl_level": "sequence"}),
     "REINFORCE++": (
         "rfpp",
         {"advantage_estimator": "reinforce_plus_plus", "epsilon": 0.2, "epsilon_high": 0.2, "beta": 1e-4},
@@ -109,6 +112,54 @@ PRESETS = {
         "sweep_learning_rates": [2e-3],
     },
 }
+#: The fourth protocol (long completions, docs/bench_algos.md, fixed on 2026-11-26 at 20:11 UTC): the presets of
+#: ``--task long_addition``. The KL table's learning rate is the protocol's pilot choice (``--kl_learning_rate``).
+LONG_PRESETS = {
+    "full": {
+        "sft_steps": 400,
+        "sft_extra_rounds": 0,
+        "eval_problems": 200,
+        "regimes": [16],
+        "learning_rates": [1e-4, 3e-4, 1e-3],
+        "selection_seeds": [100, 101],
+        "final_seed_start": 4000,
+        "num_final_seeds": 5,
+        "steps": 32,
+        "eval_every": 32,
+        "algorithms": ["GRPO", "DAPO", "RPG default", "RPG sequence", "REINFORCE++-Baseline"],
+        "kl_arms": [
+            "no KL",
+            "RPG-URKL, token, default",
+            "RPG-URKL, token, exact",
+            "RPG-URKL, sequence, default",
+            "TRL k3 (corrected)",
+        ],
+        "kl_betas": [0.2],
+        "sweep_seeds": [2000, 2001],
+        "sweep_betas": [0.2],
+        "sweep_learning_rates": [2e-3],
+    },
+    "quick": {
+        "sft_steps": 40,
+        "sft_extra_rounds": 0,
+        "eval_problems": 16,
+        "regimes": [4],
+        "learning_rates": [3e-4],
+        "selection_seeds": [100],
+        "final_seed_start": 4000,
+        "num_final_seeds": 2,
+        "steps": 4,
+        "eval_every": 4,
+        "algorithms": [BASELINE, "RPG sequence"],
+        "kl_arms": ["no KL", "RPG-URKL, sequence, default"],
+        "kl_betas": [0.2],
+        "sweep_seeds": [2000],
+        "sweep_betas": [0.2],
+        "sweep_learning_rates": [2e-3],
+    },
+}
+#: The presets of each task (``--task``).
+TASK_PRESETS = {"addition": PRESETS, "long_addition": LONG_PRESETS}
 
 
 @dataclass
@@ -119,6 +170,21 @@ class BenchAlgosArguments:
     presets = PRESETS
 
     output_dir: str = output_dir_field("runs/bench_algos")
+    task: str = field(
+        default="addition",
+        metadata={
+            "help": "The task: 'addition' (two-digit sums, 3-4 tokens) or 'long_addition' (four-digit sums worked out "
+            "in rows, 109-110 tokens; the fourth protocol, whose presets then apply: docs/bench_algos.md)."
+        },
+    )
+    diagnostics: bool = field(
+        default=False,
+        metadata={
+            "help": "Record the diagnostics by position along the completion (importance weights, clipped tokens, "
+            "the sequence level's truncation factor) in every run of the algorithms table; always on with "
+            "`task='long_addition'`."
+        },
+    )
     tables: list[str] = field(default_factory=lambda: list(TABLES), metadata={"help": f"Tables to run: {TABLES}."})
     regimes: list[int] | None = field(
         default=None, metadata={"help": "Optimizer steps per generation batch (`steps_per_generation`), one row each."}
@@ -183,7 +249,10 @@ class BenchAlgosArguments:
     def __post_init__(self):
         from .bench_kl import ALL_KL_ARMS, KL_ARMS, KL_SWEEP_ARMS
 
-        apply_preset(self, self.presets, self.quick)
+        if self.task not in TASK_PRESETS:
+            raise ValueError(f"`task` must be one of {list(TASK_PRESETS)}; got {self.task!r}.")
+        apply_preset(self, TASK_PRESETS[self.task], self.quick)
+        self.diagnostics = self.diagnostics or self.task == "long_addition"
         check_arguments(
             self,
             at_least_one=(
@@ -240,13 +309,18 @@ class BenchAlgosArguments:
 
 
 def warm_start_job(spec: dict, run_dir: str) -> dict:
-    """The warm start of `spec["seed"]` in `run_dir` (cached there by [`rpg_trl.tools.toy.warm_start.cached_warm_start`])."""
-    from ..toy.addition import make_splits
-    from ..toy.warm_start import cached_warm_start
+    """The warm start of `spec["seed"]` for `spec["task"]` in `run_dir` (cached there,
+    [`rpg_trl.tools.cli.bench_tasks.cached_task_warm_start`])."""
+    from .bench_tasks import cached_task_warm_start, task_splits
 
-    splits = make_splits(spec["seed"], num_eval=spec["eval_problems"])
-    return cached_warm_start(
-        splits, run_dir, steps=spec["sft_steps"], seed=spec["seed"], extra_rounds=spec["sft_extra_rounds"]
+    splits = task_splits(spec["task"], spec["seed"], spec["eval_problems"], spec["sft_steps"])
+    return cached_task_warm_start(
+        spec["task"],
+        splits,
+        run_dir,
+        steps=spec["sft_steps"],
+        seed=spec["seed"],
+        extra_rounds=spec["sft_extra_rounds"],
     )
 
 
@@ -262,33 +336,50 @@ def algorithm_config(algorithm: str) -> dict:
 
 
 def algorithm_job(spec: dict, run_dir: str) -> dict:
-    """Train `spec["algorithm"]` from the warm start `spec["sft_dir"]` and return its [`run_summary`]."""
+    """Train `spec["algorithm"]` from the warm start `spec["sft_dir"]` on `spec["task"]` and return its
+    [`run_summary`], with the diagnostics by position ([`rpg_trl.tools.cli.position_diagnostics`]) where
+    `spec["diagnostics"]` asks for them."""
     from trl import GRPOConfig, GRPOTrainer
 
     from rpg_trl.config import RPGConfig
     from rpg_trl.reinforce_plus_plus import ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
     from rpg_trl.trainer import RPGTrainer
 
-    from ..toy.addition import addition_reward, build_rl_dataset
     from ..toy.training import rl_training_kwargs
+    from .bench_tasks import bench_task
+    from .position_diagnostics import PositionDiagnostics
 
+    task = bench_task(spec["task"])
     overrides = dict(spec["config"])
     kind = overrides.pop("trainer")
     splits, model, tokenizer, accuracy = warm_started(spec)
-    kwargs = rl_training_kwargs(steps=spec["steps"], seed=spec["seed"], learning_rate=spec["learning_rate"])
-    kwargs.update(steps_per_generation=spec["regime"], disable_tqdm=True)
+    kwargs = rl_training_kwargs(
+        steps=spec["steps"],
+        seed=spec["seed"],
+        learning_rate=spec["learning_rate"],
+        max_completion_length=task.demo_task.max_completion_length,
+    )
+    kwargs.update(
+        steps_per_generation=spec["regime"],
+        per_device_train_batch_size=task.completions_per_step,
+        disable_tqdm=True,
+    )
     config_class = {"rpg": RPGConfig, "grpo": GRPOConfig, "rfpp": ReinforcePlusPlusConfig}[kind]
     trainer_class = {"rpg": RPGTrainer, "grpo": GRPOTrainer, "rfpp": ReinforcePlusPlusTrainer}[kind]
     trainer = trainer_class(
         model=model,
-        reward_funcs=addition_reward,
+        reward_funcs=task.demo_task.reward,
         args=config_class(output_dir=run_dir, **kwargs, **overrides),
-        train_dataset=build_rl_dataset(splits.rl),
+        train_dataset=task.demo_task.build_rl_dataset(splits.rl),
         processing_class=tokenizer,
         callbacks=[accuracy],
     )
+    diagnostics = PositionDiagnostics(task.position_groups).attach(trainer) if spec.get("diagnostics") else None
     seconds = train_quietly(trainer)
-    return run_summary(trainer.state.log_history, accuracy.curve, seconds, spec["regime"])
+    summary = run_summary(trainer.state.log_history, accuracy.curve, seconds, spec["regime"])
+    if diagnostics is not None:
+        summary["positions"] = diagnostics.summary()
+    return summary
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -308,6 +399,7 @@ def warm_starts(args: BenchAlgosArguments, seeds: list[int], pool) -> dict[int, 
     jobs = [
         (
             {
+                "task": args.task,
                 "seed": seed,
                 "sft_steps": args.sft_steps,
                 "sft_extra_rounds": args.sft_extra_rounds,
@@ -345,6 +437,7 @@ def run_algorithms_table(args: BenchAlgosArguments, sft_dirs: dict[int, str], po
                             algorithm=algorithm,
                             regime=regime,
                             learning_rate=learning_rate,
+                            diagnostics=args.diagnostics,
                         )
                         run_dir = root / f"spg{regime}" / algorithm / _lr_name(learning_rate) / f"seed{seed}"
                         jobs.append((spec, str(run_dir)))
@@ -568,6 +661,22 @@ def run_bench(args: BenchAlgosArguments) -> dict:
             }
             for regime in args.regimes:
                 markdown.append(format_algorithms_table(report["algorithms"]["table"][regime], regime, args))
+            if args.diagnostics:
+                from .position_diagnostics import format_positions_table, summarize_positions
+
+                for regime in args.regimes:
+                    rows = summarize_positions([r for r in algorithms["runs"] if r["regime"] == regime], "algorithm")
+                    report["algorithms"].setdefault("positions", {})[regime] = rows
+                    markdown.append(
+                        format_positions_table(
+                            rows,
+                            "algorithm",
+                            f"**Diagnostics by position, {regime} steps per generation** (final seeds; each number "
+                            "per training step over the group's active tokens, then averaged over the steps and the "
+                            "seeds). log w = log π_θ − log π_old; clipped: tokens in RPG-Style Clip's regions (RPG) "
+                            "or PPO's (the others); s_t = min(1, c/M_t): the sequence level's truncation factor.",
+                        )
+                    )
             if algorithms["selection"]:
                 markdown.append(
                     format_selection_table(algorithms["selection"], algorithms["chosen_learning_rates"], args)

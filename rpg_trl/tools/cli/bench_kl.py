@@ -65,6 +65,8 @@ KL_ARMS = {
 KL_FOLLOW_UP_ARMS = {
     "RPG-URKL, token, no clip": {"divergence": "urkl", "kl_level": "token", "rpg_clip": False},
     "RPG-URKL, token, default": {"divergence": "urkl", "kl_level": "token"},
+    # The KL between whole completions at the default mode (the fourth protocol's KL table, long completions).
+    "RPG-URKL, sequence, default": {"divergence": "urkl", "kl_level": "sequence"},
     "RPG-URKL, token, default, adaptive β": {"divergence": "urkl", "kl_level": "token", "kl_target": KL_TARGET},
     # The normalised forward KL, whose weight K = −r does not grow with w (the third KL protocol measures whether
     # truncating it matters).
@@ -104,21 +106,28 @@ def kl_job(spec: dict, run_dir: str) -> dict:
     from rpg_trl.config import RPGConfig
     from rpg_trl.trainer import RPGTrainer
 
-    from ..toy.addition import build_rl_dataset, evaluation_seed
+    from ..toy.addition import evaluation_seed
     from ..toy.curves import metric_series
     from ..toy.evaluation import token_kl_to_reference
-    from ..toy.proxy import PROXY_MAX_COMPLETION_LENGTH, proxy_reward, strict_reward
     from ..toy.training import rl_training_kwargs
+    from .bench_tasks import bench_task
     from .runs import run_summary, train_quietly, warm_started
 
     seed = spec["seed"]
+    task = bench_task(spec.get("task", "addition"))
+    proxy_reward, strict_reward = task.proxy_reward, task.strict_reward
+    max_length = task.proxy_max_completion_length
     splits, model, tokenizer, scores = warm_started(
         spec,
         reward_funcs={"accuracy": strict_reward, "proxy": proxy_reward},
-        max_new_tokens=PROXY_MAX_COMPLETION_LENGTH,
+        max_new_tokens=max_length,
     )
-    kwargs = rl_training_kwargs(steps=spec["steps"], seed=seed, learning_rate=spec["learning_rate"])
-    kwargs.update(steps_per_generation=KL_REGIME, max_completion_length=PROXY_MAX_COMPLETION_LENGTH, disable_tqdm=True)
+    kwargs = rl_training_kwargs(
+        steps=spec["steps"], seed=seed, learning_rate=spec["learning_rate"], max_completion_length=max_length
+    )
+    kwargs.update(
+        steps_per_generation=KL_REGIME, per_device_train_batch_size=task.completions_per_step, disable_tqdm=True
+    )
     overrides = dict(spec["config"])
     # The proxy trains (weight 1); the true reward is only logged (weight 0) to draw it next to the proxy.
     kwargs.update(output_dir=run_dir, reward_weights=[1.0, 0.0], beta=spec["beta"])
@@ -133,7 +142,7 @@ def kl_job(spec: dict, run_dir: str) -> dict:
         model=model,
         reward_funcs=[proxy_reward, strict_reward],
         args=config,
-        train_dataset=build_rl_dataset(splits.rl),
+        train_dataset=task.demo_task.build_rl_dataset(splits.rl),
         processing_class=tokenizer,
         callbacks=[scores],
     )
@@ -153,7 +162,7 @@ def kl_job(spec: dict, run_dir: str) -> dict:
         splits.eval,
         num_samples=spec["eval_samples"],
         seed=evaluation_seed(seed) + 1,
-        max_new_tokens=PROXY_MAX_COMPLETION_LENGTH,
+        max_new_tokens=max_length,
     )
     summary.update(
         beta_end=betas[-1] if betas else spec["beta"],

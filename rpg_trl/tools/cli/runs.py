@@ -60,17 +60,27 @@ def quiet(trainer) -> None:
 
 
 def warm_started(spec: dict, **heldout_kwargs):
-    """The seed's splits, the warm start of `spec` (model, tokenizer) and a held-out callback on them
-    ([`rpg_trl.tools.toy.evaluation.heldout_accuracy_callback`] with `heldout_kwargs`): what every run starts from."""
+    """The seed's splits of `spec`'s task (``spec["task"]``, [`rpg_trl.tools.cli.bench_tasks`]; the two-digit additions
+    without one), the warm start of `spec` (model, tokenizer) and a held-out callback on them
+    ([`rpg_trl.tools.toy.evaluation.heldout_accuracy_callback`]; by default the task's reward and completion length,
+    `heldout_kwargs` replace them): what every run starts from."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ..toy.addition import evaluation_seed, make_splits
+    from ..toy.addition import evaluation_seed
     from ..toy.evaluation import heldout_accuracy_callback
+    from .bench_tasks import bench_task, task_splits
 
     seed = spec["seed"]
-    splits = make_splits(seed, num_eval=spec["eval_problems"])
+    task = spec.get("task", "addition")
+    splits = task_splits(task, seed, spec["eval_problems"], spec["sft_steps"])
     model = AutoModelForCausalLM.from_pretrained(spec["sft_dir"])
     tokenizer = AutoTokenizer.from_pretrained(spec["sft_dir"])
+    demo_task = bench_task(task).demo_task
+    heldout_kwargs = {
+        "reward_funcs": {"accuracy": demo_task.reward},
+        "max_new_tokens": demo_task.max_completion_length,
+        **heldout_kwargs,
+    }
     heldout = heldout_accuracy_callback(
         model,
         tokenizer,
@@ -120,11 +130,12 @@ def library_versions() -> dict[str, str]:
 
 def run_spec(args, sft_dirs: dict[int, str], seed: int, *, config: dict, **arm) -> dict:
     """The specification of one run, what its cached result is keyed by: the `arm`'s name and settings, its trainer
-    `config` (the overrides it trains with, the defaults it relies on resolved), the seed and its warm start (folder
+    `config` (the overrides it trains with, the defaults it relies on resolved), the task, the seed and its warm start (folder
     and settings), the budget and evaluation shared by every run of the command, and [`library_versions`]."""
     return {
         **arm,
         "config": config,
+        "task": args.task,
         "seed": seed,
         "sft_dir": sft_dirs[seed],
         "sft_steps": args.sft_steps,

@@ -22,6 +22,10 @@
 #             Qwen3 with Qwen3's vocabulary (151,936; random weights, fixed synthetic completions: generation not
 #             timed): at 1024 tokens 3 repeats in rotated order with the A/A pair (GRPO twice), at 4096 one repeat of
 #             GRPO and both RPG anchors; the loss alone (c) once; one saved model for both stages, removed at exit.
+#   long      the fourth protocol's GPU-sized variant (docs/bench_algos.md, long completions): rpg-trl bench-algos
+#             --task long_addition with the "large" model (13.8M parameters), the warm start of seed 4000, then GRPO
+#             and RPG sequence (kl_level="sequence") at learning rate 3e-4, 32 steps each, 16 per generation, both at
+#             once on the GPU; one seed, not a comparison. In a call of its own (`--stages long`, at most 5 minutes).
 #
 # Each stage runs under a deadline (--limits; defaults below) and the results are summarised and archived after each
 # stage and at exit, so a call cut short still brings back what it finished. Everything lands in the results folder
@@ -31,7 +35,8 @@
 # .tar.gz (the device tool brings back files written under $OUT: use --archive "$OUT/NAME.tar.gz").
 #
 # Usage:
-#   bash examples/gpu_run.sh [--dry-run] [--stages learn,e2e,tests,bench-1k,bench-4k] [--results DIR] [--archive FILE]
+#   bash examples/gpu_run.sh [--dry-run] [--stages learn,e2e,tests,bench-1k,bench-4k,long] [--results DIR]
+#                            [--archive FILE]
 #                            [--bench-repeats N] [--bench-modes full,lora] [--wheels DIR] [--limits STAGE=S,...]
 #   bash examples/gpu_run.sh --fetch-wheels [--wheels DIR]
 #
@@ -132,7 +137,7 @@ fi
 
 has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
 for stage in ${STAGES//,/ }; do
-    case "$stage" in learn | e2e | tests | bench-1k | bench-4k) ;; *) echo "gpu_run.sh: unknown stage $stage" >&2; exit 2 ;; esac
+    case "$stage" in learn | e2e | tests | bench-1k | bench-4k | long) ;; *) echo "gpu_run.sh: unknown stage $stage" >&2; exit 2 ;; esac
 done
 
 # ------------------------------------------------------------------------------------------------------ deadlines
@@ -142,9 +147,9 @@ done
 # --limits learn=200,tests=300 overrides some.
 declare -A LIMIT
 if [[ $DRY_RUN == 1 ]]; then
-    LIMIT=([setup]=300 [learn]=900 [e2e]=600 [tests]=900 [bench-1k]=900 [bench-4k]=600)
+    LIMIT=([setup]=300 [learn]=900 [e2e]=600 [tests]=900 [bench-1k]=900 [bench-4k]=600 [long]=900)
 else
-    LIMIT=([setup]=30 [learn]=195 [e2e]=120 [tests]=135 [bench-1k]=300 [bench-4k]=90)
+    LIMIT=([setup]=30 [learn]=195 [e2e]=120 [tests]=135 [bench-1k]=300 [bench-4k]=90 [long]=240)
 fi
 for item in ${LIMITS//,/ }; do
     [[ $item == *=* && -n ${LIMIT[${item%%=*}]+x} ]] || { echo "gpu_run.sh: bad --limits entry $item" >&2; exit 2; }
@@ -378,6 +383,21 @@ stage_bench() {
     done
 }
 
+# ----------------------------------------------------------------------------------------------------------- long
+stage_long() {
+    # The fourth protocol's GPU-sized variant (docs/bench_algos.md); in the dry run the same command on CPU with the
+    # small model and the --quick budget.
+    local args=(--task long_addition --tables algorithms --algorithms GRPO "RPG sequence" --learning_rates 3e-4
+        --final_seed_start 4000 --num_final_seeds 1 --num_workers 2 --output_dir "$RESULTS/long")
+    if [[ $DRY_RUN == 1 ]]; then
+        args+=(--quick --model_size small --device cpu)
+    else
+        args+=(--model_size large --device cuda)
+    fi
+    echo "== long: rpg-trl bench-algos ${args[*]}"
+    limited "$PY" -m rpg_trl.tools.cli bench-algos "${args[@]}" 2>&1 | tee "$RESULTS/long.log"
+}
+
 if has_stage learn; then run_stage learn stage_learn; fi
 if has_stage e2e; then run_stage e2e stage_e2e; fi
 if has_stage tests; then run_stage tests stage_tests; fi
@@ -387,3 +407,4 @@ for stage in bench-1k bench-4k; do
     else BENCH_LENGTH=$([[ $stage == bench-1k ]] && echo 1024 || echo 4096); fi
     run_stage "$stage" stage_bench
 done
+if has_stage long; then run_stage long stage_long; fi

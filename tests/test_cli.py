@@ -221,7 +221,23 @@ def test_bench_arguments_presets_and_errors():
     assert full.regimes == [16, 4] and full.steps == 128
     assert len(full.learning_rates) >= 4 and max(full.learning_rates) / min(full.learning_rates) >= 8
     assert full.final_seeds == [1000, 1001, 1002, 1003, 1004] and full.selection_seeds == [100, 101]
-    assert full.algorithms == list(bench_algos.ALGORITHMS) and len(full.algorithms) == 8
+    assert len(full.algorithms) == 8 and "RPG sequence" not in full.algorithms
+    # The fourth protocol (long completions): its own presets, fixed in docs/bench_algos.md.
+    long = bench_algos.BenchAlgosArguments(task="long_addition")
+    assert long.algorithms == ["GRPO", "DAPO", "RPG default", "RPG sequence", "REINFORCE++-Baseline"]
+    assert (long.steps, long.regimes, long.learning_rates) == (32, [16], [1e-4, 3e-4, 1e-3])
+    assert long.final_seeds == [4000, 4001, 4002, 4003, 4004] and long.eval_problems == 200 and long.diagnostics
+    assert bench_algos.algorithm_config("RPG sequence") == {
+        "trainer": "rpg",
+        "kl_clip_mode": "truncated",
+        "kl_level": "sequence",
+    }
+    with pytest.raises(ValueError, match="`model_size` must be one of \\['small'\\] with `task='addition'`"):
+        bench_algos.BenchAlgosArguments(model_size="large")
+    with pytest.raises(ValueError, match="`task` must be one of"):
+        bench_algos.BenchAlgosArguments(task="multiplication")
+    with pytest.raises(ValueError, match="`device` must be one of"):
+        bench_algos.BenchAlgosArguments(device="tpu")
     assert bench_algos.BenchAlgosArguments(final_seed_start=7, num_final_seeds=3).final_seeds == [7, 8, 9]
     with pytest.raises(ValueError, match="Unknown algorithm.*'PPO'"):
         bench_algos.BenchAlgosArguments(algorithms=["PPO"])

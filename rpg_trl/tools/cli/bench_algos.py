@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import apply_preset, check_arguments, dataclass_arguments, machine, print_report
-from .runs import describe_run, run_spec, run_summary, train_quietly, warm_started
+from .runs import describe_run, off_default_settings, run_spec, run_summary, train_quietly, warm_started
 from .warm_start_bench import WARM_START_PRESETS, add_bench_parser, chosen, output_dir_field
 
 
@@ -86,7 +86,9 @@ PRESETS = {
         "num_final_seeds": 5,
         "steps": 128,
         "eval_every": 32,
-        "algorithms": list(ALGORITHMS),
+        # The first protocol's eight methods (the two arms added for the long task are RPG-REINFORCE-URKL itself
+        # and its sequence level).
+        "algorithms": [name for name in ALGORITHMS if name not in ("RPG default", "RPG sequence")],
         "kl_arms": None,  # all of rpg_trl.tools.cli.bench_kl.KL_ARMS
         "kl_betas": [0.2],
         "sweep_seeds": [2000, 2001],
@@ -177,6 +179,18 @@ class BenchAlgosArguments:
             "in rows, 109-110 tokens; the fourth protocol, whose presets then apply: docs/bench_algos.md)."
         },
     )
+    model_size: str = field(
+        default="small",
+        metadata={
+            "help": "Size of the task's model (`rpg-trl demo --model_size`): 'small' (the CPU one; the only size of "
+            "'addition'), or 'large' for 'long_addition' on a GPU (13.8M parameters; the fourth protocol's GPU-sized "
+            "variant)."
+        },
+    )
+    device: str = field(
+        default="cpu",
+        metadata={"help": "Where every run trains: 'cpu' (float32) or 'cuda' (the first GPU, bf16 autocast)."},
+    )
     diagnostics: bool = field(
         default=False,
         metadata={
@@ -253,6 +267,16 @@ class BenchAlgosArguments:
             raise ValueError(f"`task` must be one of {list(TASK_PRESETS)}; got {self.task!r}.")
         apply_preset(self, TASK_PRESETS[self.task], self.quick)
         self.diagnostics = self.diagnostics or self.task == "long_addition"
+        from ..toy.tasks import DEMO_TASKS
+        from ..toy.training import DEVICES
+
+        if self.model_size not in DEMO_TASKS[self.task].model_sizes:
+            raise ValueError(
+                f"`model_size` must be one of {sorted(DEMO_TASKS[self.task].model_sizes)} with `task={self.task!r}`; "
+                f"got {self.model_size!r}."
+            )
+        if self.device not in DEVICES:
+            raise ValueError(f"`device` must be one of {list(DEVICES)}; got {self.device!r}.")
         check_arguments(
             self,
             at_least_one=(
@@ -321,6 +345,8 @@ def warm_start_job(spec: dict, run_dir: str) -> dict:
         steps=spec["sft_steps"],
         seed=spec["seed"],
         extra_rounds=spec["sft_extra_rounds"],
+        model_size=spec.get("model_size", "small"),
+        device=spec.get("device", "cpu"),
     )
 
 
@@ -358,6 +384,7 @@ def algorithm_job(spec: dict, run_dir: str) -> dict:
         seed=spec["seed"],
         learning_rate=spec["learning_rate"],
         max_completion_length=task.demo_task.max_completion_length,
+        device=spec.get("device", "cpu"),
     )
     kwargs.update(
         steps_per_generation=spec["regime"],
@@ -404,6 +431,7 @@ def warm_starts(args: BenchAlgosArguments, seeds: list[int], pool) -> dict[int, 
                 "sft_steps": args.sft_steps,
                 "sft_extra_rounds": args.sft_extra_rounds,
                 "eval_problems": args.eval_problems,
+                **off_default_settings(args),
             },
             str(root / f"seed{seed}"),
         )
@@ -629,6 +657,17 @@ def plot_algorithms(runs: list[dict], output: str, args: BenchAlgosArguments) ->
     return save_figure(fig, axes[0][0], output, bottom=0.1, dpi=110, max_columns=4)
 
 
+def _can_plot() -> bool:
+    """Whether matplotlib is installed (a GPU image may lack it): without it the figures are left out, with a note,
+    and the tables and results.json are still written."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        return True
+    print("matplotlib is not installed: no figure (the tables and results.json are written).")
+    return False
+
+
 def run_bench(args: BenchAlgosArguments) -> dict:
     """Run the chosen tables of the protocol, then write ``table.md``, ``results.json`` and the figures."""
     import json
@@ -681,7 +720,8 @@ def run_bench(args: BenchAlgosArguments) -> dict:
                 markdown.append(
                     format_selection_table(algorithms["selection"], algorithms["chosen_learning_rates"], args)
                 )
-            plot_algorithms(algorithms["runs"], str(output_dir / "bench_algos.png"), args)
+            if _can_plot():
+                plot_algorithms(algorithms["runs"], str(output_dir / "bench_algos.png"), args)
         if "kl" in args.tables:
             from .bench_kl import format_kl_dynamics, format_kl_readings, format_kl_table, plot_kl, run_kl_table
 
@@ -690,7 +730,8 @@ def run_bench(args: BenchAlgosArguments) -> dict:
             markdown.append(format_kl_table(kl["table"], kl["chosen_beta"], args))
             markdown.append(format_kl_readings(args.kl_arms))
             markdown.append(format_kl_dynamics(kl["dynamics"], args))
-            plot_kl(kl["runs"], str(output_dir / "bench_kl.png"), args)
+            if _can_plot():
+                plot_kl(kl["runs"], str(output_dir / "bench_kl.png"), args)
         if "kl_sweep" in args.tables:
             from .bench_kl import format_kl_sweep, run_kl_sweep
 

@@ -123,7 +123,11 @@ def kl_job(spec: dict, run_dir: str) -> dict:
         max_new_tokens=max_length,
     )
     kwargs = rl_training_kwargs(
-        steps=spec["steps"], seed=seed, learning_rate=spec["learning_rate"], max_completion_length=max_length
+        steps=spec["steps"],
+        seed=seed,
+        learning_rate=spec["learning_rate"],
+        max_completion_length=max_length,
+        device=spec.get("device", "cpu"),
     )
     kwargs.update(
         steps_per_generation=KL_REGIME, per_device_train_batch_size=task.completions_per_step, disable_tqdm=True
@@ -154,7 +158,7 @@ def kl_job(spec: dict, run_dir: str) -> dict:
     betas = metric_series(history, "beta")[1]
     # One comparable number for every arm: the token-level reverse KL from the trained policy to the warm start, on
     # the policy's own completions for the held-out problems (exact over the vocabulary at each position).
-    warm_start = AutoModelForCausalLM.from_pretrained(spec["sft_dir"])
+    warm_start = AutoModelForCausalLM.from_pretrained(spec["sft_dir"]).to(trainer.model.device)
     summary["kl_to_warm_start"] = token_kl_to_reference(
         trainer.model,
         warm_start,

@@ -93,14 +93,24 @@ def task_splits(task_name: str, seed: int, num_eval: int, sft_steps: int):
     return bench_task(task_name).demo_task.make_splits(seed, num_eval, sft_steps)
 
 
-def cached_task_warm_start(task_name: str, splits, directory: str | Path, *, steps: int, seed: int, extra_rounds: int):
-    """The warm start of `seed` for `task_name` in `directory`, reused when ``warm_start.json`` there records the same
-    settings (the two-digit task's: [`rpg_trl.tools.toy.warm_start.cached_warm_start`], whose format this follows);
-    returns its report as a dict."""
+def cached_task_warm_start(
+    task_name: str,
+    splits,
+    directory: str | Path,
+    *,
+    steps: int,
+    seed: int,
+    extra_rounds: int,
+    model_size: str = "small",
+    device: str = "cpu",
+):
+    """The warm start of `seed` for `task_name` (its model of `model_size`, trained on `device`) in `directory`, reused
+    when ``warm_start.json`` there records the same settings (the two-digit task's:
+    [`rpg_trl.tools.toy.warm_start.cached_warm_start`], whose format this follows); returns its report as a dict."""
     if task_name == "addition":
         from ..toy.warm_start import cached_warm_start
 
-        return cached_warm_start(splits, directory, steps=steps, seed=seed, extra_rounds=extra_rounds)
+        return cached_warm_start(splits, directory, steps=steps, seed=seed, extra_rounds=extra_rounds, device=device)
     task = bench_task(task_name).demo_task
     directory = Path(directory)
     marker = directory / "warm_start.json"
@@ -108,9 +118,11 @@ def cached_task_warm_start(task_name: str, splits, directory: str | Path, *, ste
         "task": task_name,
         "seed": seed,
         "sft_steps": steps,
-        "model": task.model_sizes["small"],
+        "model": task.model_sizes[model_size],
         **task.warm_start_settings,
     }
+    if device != "cpu":  # a setting only off the CPU, as in the two-digit task's marker
+        settings["device"] = device
     if marker.is_file():
         saved = json.loads(marker.read_text())
         if saved.get("settings") == settings:
@@ -118,7 +130,7 @@ def cached_task_warm_start(task_name: str, splits, directory: str | Path, *, ste
             return saved["report"]
     print(f"Warm start of seed {seed} ({task_name}): {steps} supervised steps")
     _, _, report = task.warm_start(
-        splits, str(directory), steps=steps, seed=seed, extra_rounds=extra_rounds, model_size="small"
+        splits, str(directory), steps=steps, seed=seed, extra_rounds=extra_rounds, model_size=model_size, device=device
     )
     directory.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"settings": settings, "report": asdict(report)}, indent=2) + "\n")

@@ -128,6 +128,14 @@ def library_versions() -> dict[str, str]:
     return versions
 
 
+def off_default_settings(args) -> dict:
+    """`args`'s model size and device where they are not the defaults ("small", "cpu"; commands without these options
+    have neither): part of a run's specification only then, so that the runs cached before these options existed stay
+    valid."""
+    defaults = (("model_size", "small"), ("device", "cpu"))
+    return {key: getattr(args, key) for key, default in defaults if getattr(args, key, default) != default}
+
+
 def run_spec(args, sft_dirs: dict[int, str], seed: int, *, config: dict, **arm) -> dict:
     """The specification of one run, what its cached result is keyed by: the `arm`'s name and settings, its trainer
     `config` (the overrides it trains with, the defaults it relies on resolved), the task, the seed and its warm start (folder
@@ -145,6 +153,7 @@ def run_spec(args, sft_dirs: dict[int, str], seed: int, *, config: dict, **arm) 
         "eval_problems": args.eval_problems,
         "eval_samples": args.eval_samples,
         "versions": dict(library_versions()),
+        **off_default_settings(args),
     }
 
 

@@ -260,6 +260,47 @@ def test_bench_arguments_presets_and_errors():
         bench_algos.BenchAlgosArguments(tables=["speed"])
 
 
+def test_a_long_task_run_trains_on_its_rows_and_records_them(tmp_path):
+    """One run of the fourth protocol's comparison (``--task long_addition``), in this process and tiny: an untrained
+    warm start (0 steps), 2 optimizer steps of 64 completions of up to 110 tokens, the sequence level."""
+    from rpg_trl.tools.cli.runs import run_spec
+    from rpg_trl.tools.toy.long_addition import MAX_COMPLETION_LENGTH
+
+    args = bench_algos.BenchAlgosArguments(
+        task="long_addition", quick=True, sft_steps=0, steps=2, eval_every=2, eval_problems=2, eval_samples=1
+    )
+    seed = args.final_seeds[0]
+    warm = str(tmp_path / "warm")
+    bench_algos.warm_start_job(
+        {"task": args.task, "seed": seed, "sft_steps": 0, "sft_extra_rounds": 0, "eval_problems": 2}, warm
+    )
+    spec = run_spec(
+        args,
+        {seed: warm},
+        seed,
+        config=bench_algos.algorithm_config("RPG sequence"),
+        algorithm="RPG sequence",
+        regime=2,
+        learning_rate=1e-3,
+        diagnostics=True,
+    )
+    result = bench_algos.algorithm_job(spec, str(tmp_path / "run"))
+    state = json.loads((tmp_path / "run" / "trainer_state.json").read_text())
+    steps = [entry for entry in state["log_history"] if "loss" in entry]
+    # 64 completions per step (8 prompts x 8 samples) of at most the task's 110 tokens.
+    assert len(steps) == 2 and state["train_batch_size"] == 64
+    assert 0 < steps[0]["completions/max_length"] <= MAX_COMPLETION_LENGTH
+    assert 0.0 <= result["last"] <= 1.0
+    positions = result["positions"]
+    groups = ["row 1", "row 2", "row 3", "row 4", "answer line and end"]
+    assert list(positions) == groups[: len(positions)] and "row 1" in positions
+    # The second step is off-policy (2 steps per generation): the weights spread, and s_t is a factor in (0, 1].
+    assert positions["row 1"]["steps"] == 2
+    for row in positions.values():
+        assert row["log_w_min"] <= 0.0 <= row["log_w_max"]
+        assert 0.0 < row["s_p05"] <= row["s_p50"] <= row["s_p95"] <= 1.0
+
+
 def test_bench_algos_quick(tmp_path, capsys):
     output_dir = tmp_path / "bench"
     assert cli.main(["bench-algos", "--quick", "--output-dir", str(output_dir)]) == 0

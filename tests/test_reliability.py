@@ -24,7 +24,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers.trainer_utils import rotate_checkpoints
 
-from rpg_trl.reliability import RewardFunctionError, RewardGuard, process_failure
+from rpg_trl.reliability import RewardFunctionError, RewardGuard, process_failure, teardown
 from rpg_trl.reliability.checkpoints import (
     COMMIT_RECORD,
     begin_checkpoint,
@@ -427,8 +427,13 @@ def test_hold_is_idempotent_and_the_group_is_destroyed_before_the_interpreter_ex
     ports = [free_port(), free_port()]
     script = f"""
 import atexit
+import importlib.util
 import torch.distributed as dist
-from rpg_trl.reliability import teardown
+
+# The module alone, by path: the package's `__init__` (transformers' Trainer, peft) would add 8 s of start-up.
+spec = importlib.util.spec_from_file_location("teardown", {teardown.__file__!r})
+teardown = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(teardown)
 
 # Registered before teardown's own handler, so it runs after it (atexit is last in, first out).
 atexit.register(lambda: print("initialized after release:", dist.is_initialized()))

@@ -66,13 +66,20 @@ class PositionDiagnostics:
             captured.append(out[0])
             return out
 
+        name = "_get_per_token_logps_and_entropies"
+        # What the trainer had before the loss (an attribute of its own, e.g. another wrapper, or the class's method).
+        own = trainer.__dict__.get(name)
+
         def wrapped(model, inputs):
             captured.clear()
-            trainer._get_per_token_logps_and_entropies = logps_during_the_loss
+            setattr(trainer, name, logps_during_the_loss)
             try:
                 loss = compute_loss(model, inputs)
             finally:
-                del trainer._get_per_token_logps_and_entropies  # the class's method again
+                if own is None:
+                    delattr(trainer, name)
+                else:
+                    setattr(trainer, name, own)
             if trainer.model.training and captured:
                 current_spec = trainer.loss_spec if spec is not None else None
                 self.record(

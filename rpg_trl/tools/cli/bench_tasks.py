@@ -12,9 +12,8 @@ task ([`rpg_trl.tools.toy.tasks.DEMO_TASKS`]).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -111,9 +110,9 @@ def cached_task_warm_start(
         from ..toy.warm_start import cached_warm_start
 
         return cached_warm_start(splits, directory, steps=steps, seed=seed, extra_rounds=extra_rounds, device=device)
+    from ..toy.warm_start import reuse_or_train
+
     task = bench_task(task_name).demo_task
-    directory = Path(directory)
-    marker = directory / "warm_start.json"
     settings = {
         "task": task_name,
         "seed": seed,
@@ -123,15 +122,17 @@ def cached_task_warm_start(
     }
     if device != "cpu":  # a setting only off the CPU, as in the two-digit task's marker
         settings["device"] = device
-    if marker.is_file():
-        saved = json.loads(marker.read_text())
-        if saved.get("settings") == settings:
-            print(f"Reusing the warm start in {directory}")
-            return saved["report"]
-    print(f"Warm start of seed {seed} ({task_name}): {steps} supervised steps")
-    _, _, report = task.warm_start(
-        splits, str(directory), steps=steps, seed=seed, extra_rounds=extra_rounds, model_size=model_size, device=device
+    return reuse_or_train(
+        directory,
+        settings,
+        lambda: task.warm_start(
+            splits,
+            str(directory),
+            steps=steps,
+            seed=seed,
+            extra_rounds=extra_rounds,
+            model_size=model_size,
+            device=device,
+        )[2],
+        f"Warm start of seed {seed} ({task_name}): {steps} supervised steps",
     )
-    directory.mkdir(parents=True, exist_ok=True)
-    marker.write_text(json.dumps({"settings": settings, "report": asdict(report)}, indent=2) + "\n")
-    return asdict(report)

@@ -5,6 +5,7 @@ benchmarks share."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -107,8 +108,6 @@ def cached_warm_start(
     ``warm_start.json``, `device` included); return its report as a dict (`steps`, `rounds`, `check_accuracy`). The benchmarks train one
     warm start per seed and share it between their methods and between runs.
     """
-    directory = Path(directory)
-    marker = directory / "warm_start.json"
     settings = {
         "seed": seed,
         "sft_steps": steps,
@@ -120,12 +119,29 @@ def cached_warm_start(
     }
     if device != "cpu":  # a setting only off the CPU, so that the warm starts cached before it stay valid
         settings["device"] = device
+    return reuse_or_train(
+        directory,
+        settings,
+        lambda: warm_start(splits, str(directory), steps=steps, seed=seed, extra_rounds=extra_rounds, device=device)[
+            2
+        ],
+        f"Warm start of seed {seed}: {steps} supervised steps",
+    )
+
+
+def reuse_or_train(directory: str | Path, settings: dict, train: Callable[[], WarmStartReport], message: str) -> dict:
+    """The report of the warm start in `directory` when its ``warm_start.json`` records `settings`; else print
+    `message`, run `train()` (which saves the model in `directory` and returns its report), record `settings` and the
+    report there, and return the report (as a dict)."""
+    directory = Path(directory)
+    marker = directory / "warm_start.json"
     if marker.is_file():
         saved = json.loads(marker.read_text())
         if saved.get("settings") == settings:
             print(f"Reusing the warm start in {directory}")
             return saved["report"]
-    print(f"Warm start of seed {seed}: {steps} supervised steps")
-    _, _, report = warm_start(splits, str(directory), steps=steps, seed=seed, extra_rounds=extra_rounds, device=device)
+    print(message)
+    report = train()
+    directory.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps({"settings": settings, "report": asdict(report)}, indent=2) + "\n")
     return asdict(report)

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
@@ -213,7 +214,7 @@ def test_drawdown_and_moving_average():
     assert curves.moving_average([1.0, 3.0, 5.0, 7.0], 2) == [1.0, 2.0, 4.0, 6.0]
 
 
-def test_bench_arguments_presets_and_errors():
+def test_bench_arguments_presets_and_errors(monkeypatch):
     args = bench_algos.BenchAlgosArguments(quick=True, steps=5)
     assert args.steps == 5 and args.sft_steps == 100 and args.sft_extra_rounds == 0
     full = bench_algos.BenchAlgosArguments()
@@ -238,6 +239,9 @@ def test_bench_arguments_presets_and_errors():
         bench_algos.BenchAlgosArguments(task="multiplication")
     with pytest.raises(ValueError, match="`device` must be one of"):
         bench_algos.BenchAlgosArguments(device="tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match="`device` is 'cuda' but torch .* finds no CUDA GPU here; use `--device cpu`"):
+        bench_algos.BenchAlgosArguments(device="cuda")
     assert bench_algos.BenchAlgosArguments(final_seed_start=7, num_final_seeds=3).final_seeds == [7, 8, 9]
     with pytest.raises(ValueError, match="Unknown algorithm.*'PPO'"):
         bench_algos.BenchAlgosArguments(algorithms=["PPO"])

@@ -267,16 +267,9 @@ class BenchAlgosArguments:
             raise ValueError(f"`task` must be one of {list(TASK_PRESETS)}; got {self.task!r}.")
         apply_preset(self, TASK_PRESETS[self.task], self.quick)
         self.diagnostics = self.diagnostics or self.task == "long_addition"
-        from ..toy.tasks import DEMO_TASKS
-        from ..toy.training import DEVICES
+        from ..toy.tasks import check_model_size_and_device
 
-        if self.model_size not in DEMO_TASKS[self.task].model_sizes:
-            raise ValueError(
-                f"`model_size` must be one of {sorted(DEMO_TASKS[self.task].model_sizes)} with `task={self.task!r}`; "
-                f"got {self.model_size!r}."
-            )
-        if self.device not in DEVICES:
-            raise ValueError(f"`device` must be one of {list(DEVICES)}; got {self.device!r}.")
+        check_model_size_and_device(self.task, self.model_size, self.device)
         check_arguments(
             self,
             at_least_one=(

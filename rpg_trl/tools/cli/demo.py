@@ -46,7 +46,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..toy.tasks import DEMO_TASKS
+from ..toy.tasks import DEMO_TASKS, check_model_size_and_device
 
 
 #: Keys of the warm-start configuration recorded in ``summary.json`` (the rest are TRL defaults).
@@ -180,11 +180,7 @@ class DemoArguments:
         if self.task not in DEMO_TASKS:
             raise ValueError(f"`task` must be one of {sorted(DEMO_TASKS)}; got {self.task!r}.")
         task = DEMO_TASKS[self.task]
-        if self.model_size not in task.model_sizes:
-            raise ValueError(
-                f"`model_size` must be one of {sorted(task.model_sizes)} with `task={self.task!r}`; got "
-                f"{self.model_size!r}."
-            )
+        check_model_size_and_device(self.task, self.model_size, self.device)
         for name, value in task.defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
@@ -199,17 +195,6 @@ class DemoArguments:
             at_least_zero=("sft_steps", "sft_extra_rounds"),
             positive=("learning_rate",),
         )
-        from ..toy.training import DEVICES
-
-        if self.device not in DEVICES:
-            raise ValueError(f"`device` must be one of {DEVICES}; got {self.device!r}.")
-        if self.device == "cuda":
-            import torch
-
-            if not torch.cuda.is_available():
-                raise ValueError(
-                    f"`device` is 'cuda' but torch {torch.__version__} finds no CUDA GPU here; use `--device cpu`."
-                )
 
 
 def run_demo(args: DemoArguments) -> dict:

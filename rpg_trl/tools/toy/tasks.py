@@ -101,3 +101,25 @@ DEMO_TASKS: dict[str, DemoTask] = {
         build_rl_dataset=long_addition.build_rl_dataset,
     ),
 }
+
+
+def check_model_size_and_device(task: str, model_size: str, device: str) -> None:
+    """
+    Raise a `ValueError` unless `model_size` is one of [`DEMO_TASKS`]`[task]`'s sizes and `device` one of the toy
+    training's devices that this machine has (``"cuda"`` needs a GPU torch can see). `task` must be a key of
+    [`DEMO_TASKS`].
+    """
+    from .training import DEVICES
+
+    sizes = DEMO_TASKS[task].model_sizes
+    if model_size not in sizes:
+        raise ValueError(f"`model_size` must be one of {sorted(sizes)} with `task={task!r}`; got {model_size!r}.")
+    if device not in DEVICES:
+        raise ValueError(f"`device` must be one of {DEVICES}; got {device!r}.")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"`device` is 'cuda' but torch {torch.__version__} finds no CUDA GPU here; use `--device cpu`."
+            )

@@ -11,6 +11,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -639,6 +640,64 @@ def test_the_other_process_waits_main_process_exit_timeout_and_names_it(monkeypa
     process_failure._WATCHERS.clear()
 
 
+def test_on_its_machine_a_watcher_waits_for_the_main_process_itself_to_end(monkeypatch, capsys):
+    """The main process marks its exit from an `atexit` handler, before its interpreter shuts down, which can take
+    seconds on a loaded machine (process 1, ending a fixed 5 s after the mark, was named by the launcher as the root
+    cause). On the main process's machine the watcher waits for that process to have ended: a killed process that its
+    launcher has not reaped yet (a zombie) has; one still running at `main_process_exit_timeout` is named as not ended.
+    A mark from another machine, or without a process id, stands for the end."""
+    monkeypatch.setattr(process_failure, "WATCH_INTERVAL", 0.01)
+    monkeypatch.setattr(process_failure, "EXIT_GRACE", 0.0)
+    monkeypatch.setattr(process_failure, "_hold_uncaught_exceptions", lambda: None)
+    exits = []
+    monkeypatch.setattr(process_failure.os, "_exit", lambda status: exits.append((status, time.monotonic())))
+    store = _Store()
+    monkeypatch.setattr(process_failure, "_default_store", lambda: store)
+    host = socket.gethostname()
+    assert process_failure._still_running(f"{host}/{os.getpid()}".encode())
+    assert not process_failure._still_running(f"another-{host}/{os.getpid()}".encode())
+    assert not process_failure._still_running(b"1")
+
+    main_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        monkeypatch.setattr(process_failure, "_this_process", lambda: f"{host}/{main_process.pid}")
+        watcher = process_failure.FailureWatcher(_stub_trainer(1), "the vLLM server", "VLLMServerError")
+        assert watcher.start()
+        main = _stub_trainer(0)
+        main._rpg_failure_key = watcher.key
+        process_failure.tell_other_processes(main, "the server failed (test)")
+        process_failure._mark_exits()
+        assert store.get(f"{watcher.key}/main_exited") == f"{host}/{main_process.pid}".encode()
+        time.sleep(1.0)
+        assert exits == [] and watcher.running  # marked, still running: the watcher waits
+        main_process.kill()
+        killed = time.monotonic()
+        watcher._thread.join(timeout=10)
+        assert main_process.returncode is None  # not reaped while the watcher looked: a zombie
+        assert [status for status, _ in exits] == [1] and exits[0][1] >= killed
+    finally:
+        main_process.kill()
+        main_process.wait()
+    process_failure._POSTED.clear()
+
+    other = _stub_trainer(1)
+    other.args = SimpleNamespace(main_process_exit_timeout=0.3)
+    watcher = process_failure.FailureWatcher(other, "the vLLM server", "VLLMServerError")
+    assert watcher.start()
+    main = _stub_trainer(0)
+    main._rpg_failure_key = watcher.key
+    monkeypatch.setattr(process_failure, "_this_process", lambda: f"{host}/{os.getpid()}")  # runs on
+    capsys.readouterr()
+    started = time.monotonic()
+    process_failure.tell_other_processes(main, "the server failed (test)")
+    process_failure._mark_exits()
+    watcher._thread.join(timeout=10)
+    assert exits[1][0] == 1 and exits[1][1] - started >= 0.3  # (os._exit, patched, returns: a second call follows)
+    assert "the main process did not end within 0.3 s of the failure" in capsys.readouterr().err
+    process_failure._POSTED.clear()
+    process_failure._WATCHERS.clear()
+
+
 class _FailingStore(_Store):
     """A store whose calls on keys ending in one of `failing` raise, as a store server that went away."""
 
@@ -727,6 +786,9 @@ def test_two_trainers_in_one_process_group_have_their_own_failure_record(monkeyp
     process_failure.tell_other_processes(main_of_first, "the first trainer's server failed (test)")
     assert store.values[f"{watchers[0].key}/noted"] == 1 and f"{watchers[1].key}/noted" not in store.values
     assert watchers[0].seen.is_set() and not watchers[1].seen.is_set()
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()  # the main process, ended
+    monkeypatch.setattr(process_failure, "_this_process", lambda: f"{socket.gethostname()}/{ended.pid}")
     process_failure._mark_exits()  # the main process ends: the first watcher ends its process, after EXIT_GRACE
     watchers[0]._thread.join(timeout=10)
     assert exits == [1]

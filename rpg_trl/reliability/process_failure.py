@@ -10,9 +10,11 @@ ends. Here:
    that the user's `finally` blocks, the trackers and the `atexit` handlers run as for any error;
 2. every other process runs a watcher thread ([`FailureWatcher`]) that reads the post, logs the message as its own
    error and then waits for the main process to end: the main process marks its exit in the store from its last
-   `atexit` handler; the watcher then gives the launcher [`EXIT_GRACE`] seconds to end the job (`torchrun` and
-   `accelerate launch` see the main process's failure first and name it), and ends its process with status 1 if it is
-   still running. If the main process has not ended `main_process_exit_timeout` seconds (a field of the trainer's
+   `atexit` handler, with its machine and process id ([`_mark_exits`]); a watcher on the same machine then waits for
+   that process to have ended (its interpreter shuts down after the mark, which takes seconds on a loaded machine), a
+   watcher on another machine takes the mark for the end; it then gives the launcher [`EXIT_GRACE`] seconds to end the
+   job (`torchrun` and `accelerate launch` see the main process's failure first and name it), and ends its process with
+   status 1 if it is still running. If the main process has not ended `main_process_exit_timeout` seconds (a field of the trainer's
    config, default [`MAIN_EXIT_TIMEOUT`]) after the post, the watcher ends its process anyway, saying so: every process
    stops within a bound, and a main process whose cleanup takes longer is ended by the launcher;
 3. a watcher runs while the trainer may use the server: during `train()`, `evaluate()` and `predict()` ([`watching`],
@@ -34,6 +36,7 @@ import atexit
 import contextlib
 import itertools
 import os
+import socket
 import sys
 import threading
 import time
@@ -53,7 +56,8 @@ NOTICE_TIMEOUT = 10.0
 #: Seconds a watcher that took note of a failure waits for the main process to end before it ends its own process (the
 #: default of the config field `main_process_exit_timeout`).
 MAIN_EXIT_TIMEOUT = 60.0
-#: Seconds a watcher waits, once the main process has marked its exit, for the launcher to end the job.
+#: Seconds a watcher waits, once the main process has ended (or, on another machine, marked its exit), for the launcher
+#: to end the job.
 EXIT_GRACE = 5.0
 
 _TRAINER_NUMBERS = itertools.count()
@@ -200,6 +204,11 @@ class FailureWatcher:
         try:
             while not store.check([f"{self.key}/main_exited"]) and time.monotonic() < deadline:
                 time.sleep(WATCH_INTERVAL)
+            if time.monotonic() < deadline:
+                # The mark is set before the main process's interpreter shuts down: on its machine, wait for the end.
+                mark = store.get(f"{self.key}/main_exited")
+                while _still_running(mark) and time.monotonic() < deadline:
+                    time.sleep(WATCH_INTERVAL)
         except Exception as exc:  # noqa: BLE001 - the store went with the main process (a store it hosted): it has ended
             logger.info(
                 f"Process {self.rank}: the process group's store stopped answering ({type(exc).__name__}: {exc}); "
@@ -217,6 +226,26 @@ class FailureWatcher:
                 os._exit(1)
         time.sleep(EXIT_GRACE)  # the launcher ends the job, naming the main process, within this time
         os._exit(1)
+
+
+def _this_process() -> str:
+    """This process as the main process marks its exit (``host/pid``; read by [`_still_running`])."""
+    return f"{socket.gethostname()}/{os.getpid()}"
+
+
+def _still_running(mark: bytes) -> bool:
+    """Whether the process that marked its exit with `mark` ([`_this_process`]) still runs. Known only on its machine
+    (anywhere else, and for a mark without a process id, False: the mark stands for the end); a process that has ended
+    but is not yet reaped by its launcher (a zombie) has ended."""
+    import psutil
+
+    host, _, pid = mark.decode(errors="replace").rpartition("/")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        return psutil.Process(int(pid)).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # NoSuchProcess: ended and reaped
+        return False
 
 
 def stop_all_watchers() -> None:
@@ -274,11 +303,12 @@ def tell_other_processes(trainer, message: str) -> None:
 
 
 def _mark_exits() -> None:
-    """Mark, for the watchers, that this process (a main process that posted a failure) is ending."""
+    """Mark, for the watchers, that this process (a main process that posted a failure) is ending, naming it
+    ([`_this_process`]): on its machine, a watcher then waits for the process itself to end."""
     failed = []
     for store, key in _POSTED:
         try:
-            store.set(f"{key}/main_exited", "1")
+            store.set(f"{key}/main_exited", _this_process())
         except Exception as exc:  # noqa: BLE001 - any store error: the others then wait their longer bound
             failed.append(f"{key} ({type(exc).__name__}: {exc})")
     if failed:

@@ -14,9 +14,9 @@ ends. Here:
    that process to have ended (its interpreter shuts down after the mark, which takes seconds on a loaded machine), a
    watcher on another machine takes the mark for the end; it then gives the launcher [`EXIT_GRACE`] seconds to end the
    job (`torchrun` and `accelerate launch` see the main process's failure first and name it), and ends its process with
-   status 1 if it is still running. If the main process has not ended `main_process_exit_timeout` seconds (a field of the trainer's
-   config, default [`MAIN_EXIT_TIMEOUT`]) after the post, the watcher ends its process anyway, saying so: every process
-   stops within a bound, and a main process whose cleanup takes longer is ended by the launcher;
+   status 1 if it is still running. If the main process has not ended `main_process_exit_timeout` seconds (a field of
+   the trainer's config, default [`MAIN_EXIT_TIMEOUT`]) after the post, the watcher ends its process anyway, saying
+   so: every process stops within a bound, and a main process whose cleanup takes longer is ended by the launcher;
 3. a watcher runs while the trainer may use the server: during `train()`, `evaluate()` and `predict()` ([`watching`],
    which nests); it is stopped and joined when the outermost of them returns and, at the latest, by an `atexit` handler
    that runs before the process group is destroyed: no thread of the trainer is left inside a call to the store while the interpreter

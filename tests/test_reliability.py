@@ -546,6 +546,18 @@ def _stub_trainer(rank):
     return SimpleNamespace(accelerator=accelerator)
 
 
+def _watcher_and_main(main_process_exit_timeout=None):
+    """Process 1's started watcher of "the vLLM server", and a main process's stub that posts to the watcher's key."""
+    other = _stub_trainer(1)
+    if main_process_exit_timeout is not None:
+        other.args = SimpleNamespace(main_process_exit_timeout=main_process_exit_timeout)
+    watcher = process_failure.FailureWatcher(other, "the vLLM server", "VLLMServerError")
+    assert watcher.start()
+    main = _stub_trainer(0)
+    main._rpg_failure_key = watcher.key
+    return watcher, main
+
+
 def test_a_watcher_whose_store_fails_says_so_and_the_main_process_does_not_wait_for_it(monkeypatch, caplog):
     """The store fails under process 1's watcher: a warning names it and the watcher deregisters, so the main process,
     posting a failure afterwards, does not wait its NOTICE_TIMEOUT for a note that cannot come. A watcher that never
@@ -622,13 +634,8 @@ def test_the_other_process_waits_main_process_exit_timeout_and_names_it(monkeypa
     exits = []
     monkeypatch.setattr(process_failure.os, "_exit", lambda status: exits.append(status))
     monkeypatch.setattr(process_failure, "_hold_uncaught_exceptions", lambda: None)
-    other = _stub_trainer(1)
-    other.args = SimpleNamespace(main_process_exit_timeout=0.2)
-    watcher = process_failure.FailureWatcher(other, "the vLLM server", "VLLMServerError")
+    watcher, main = _watcher_and_main(main_process_exit_timeout=0.2)
     assert watcher.main_exit_timeout == 0.2
-    assert watcher.start()
-    main = _stub_trainer(0)
-    main._rpg_failure_key = watcher.key
     started = time.monotonic()
     process_failure.tell_other_processes(main, "the server failed (test)")
     watcher._thread.join(timeout=10)
@@ -661,10 +668,7 @@ def test_on_its_machine_a_watcher_waits_for_the_main_process_itself_to_end(monke
     main_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     try:
         monkeypatch.setattr(process_failure, "_this_process", lambda: f"{host}/{main_process.pid}")
-        watcher = process_failure.FailureWatcher(_stub_trainer(1), "the vLLM server", "VLLMServerError")
-        assert watcher.start()
-        main = _stub_trainer(0)
-        main._rpg_failure_key = watcher.key
+        watcher, main = _watcher_and_main()
         process_failure.tell_other_processes(main, "the server failed (test)")
         process_failure._mark_exits()
         assert store.get(f"{watcher.key}/main_exited") == f"{host}/{main_process.pid}".encode()
@@ -680,12 +684,7 @@ def test_on_its_machine_a_watcher_waits_for_the_main_process_itself_to_end(monke
         main_process.wait()
     process_failure._POSTED.clear()
 
-    other = _stub_trainer(1)
-    other.args = SimpleNamespace(main_process_exit_timeout=0.3)
-    watcher = process_failure.FailureWatcher(other, "the vLLM server", "VLLMServerError")
-    assert watcher.start()
-    main = _stub_trainer(0)
-    main._rpg_failure_key = watcher.key
+    watcher, main = _watcher_and_main(main_process_exit_timeout=0.3)
     monkeypatch.setattr(process_failure, "_this_process", lambda: f"{host}/{os.getpid()}")  # runs on
     capsys.readouterr()
     started = time.monotonic()
@@ -738,12 +737,7 @@ def test_store_calls_whose_failure_costs_time_are_named(monkeypatch, caplog):
     caplog.clear()
     store = _FailingStore(("/noted",))
     monkeypatch.setattr(process_failure, "_default_store", lambda: store)
-    other = _stub_trainer(1)
-    other.args = SimpleNamespace(main_process_exit_timeout=0.05)
-    watcher = process_failure.FailureWatcher(other, "the vLLM server", "VLLMServerError")
-    assert watcher.start()
-    main = _stub_trainer(0)
-    main._rpg_failure_key = watcher.key
+    watcher, main = _watcher_and_main(main_process_exit_timeout=0.05)
     monkeypatch.setattr(process_failure, "_default_store", lambda: _Store(values=store.values))  # the main's client
     process_failure.tell_other_processes(main, "the server failed (test)")
     watcher._thread.join(timeout=10)

@@ -14,7 +14,11 @@ from helpers import sessions
 
 def test_sleeps_until_terminated():
     out = Path(os.environ["RPG_PROBE_PIDS"])
-    server = sessions.popen(["bash", "-c", f"sleep 300 & echo $$ $! > {out}.session; wait"])
+    # Written under another name, then renamed: the redirect creates the file before echo writes, and the loop below
+    # read it empty under load (a CI of 2026-11-27: two process ids recorded instead of three).
+    server = sessions.popen(
+        ["bash", "-c", f"sleep 300 & echo $$ $! > {out}.tmp-session; mv {out}.tmp-session {out}.session; wait"]
+    )
     plain = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
     while not Path(f"{out}.session").exists():
         time.sleep(0.05)

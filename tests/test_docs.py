@@ -56,7 +56,9 @@ def test_ci_stops_its_background_jobs_and_names_the_first_failure(tmp_path):
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
     for name in ("vllm", "wheel", "torch_floor"):
-        (tmp_path / ".ci" / name).write_text(f"sleep 300 &\necho $$ $! > {tmp_path}/{name}.pids\nwait\n")
+        # Written under another name, then renamed (as in tests/test_ci.py): the file exists only once it is complete.
+        record = f"echo $$ $! > {tmp_path}/{name}.tmp\nmv {tmp_path}/{name}.tmp {tmp_path}/{name}.pids"
+        (tmp_path / ".ci" / name).write_text(f"sleep 300 &\n{record}\nwait\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "pip").write_text("#!/bin/sh\nexit 0\n")

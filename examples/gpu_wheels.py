@@ -69,6 +69,7 @@ IMAGE_PACKAGES = [
     "xxhash",
     "pytest",
     "pytest-timeout",
+    "matplotlib",
 ]
 
 

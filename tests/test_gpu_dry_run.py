@@ -177,6 +177,41 @@ def test_learning_summary_pairs_rpg_with_grpo_by_seed(tmp_path):
     assert "| full | RPG | 1 |" in gpu_stages.summary(str(tmp_path))
 
 
+def test_learning_runs_start_from_the_warm_start_their_spec_names(tmp_path):
+    """Each learning run's spec (examples/gpu_learn.py) carries what `warm_started` reads, its warm start's
+    `sft_steps` from that warm start's ``warm_start.json`` (a carried one may differ from the command's defaults): the
+    GPU run's learning stage failed on a missing key once. A saved toy model stands in for the trained warm start."""
+    import argparse
+
+    from rpg_trl.tools.cli.runs import warm_started
+    from rpg_trl.tools.toy.addition import build_model, make_splits
+
+    gpu_learn = _load_example("gpu_learn")
+    folder = tmp_path / "warm" / "seed3"
+    model, tokenizer = build_model(3)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "warm_start.json").write_text(json.dumps({"settings": {"seed": 3, "sft_steps": 7}, "report": {}}))
+    args = argparse.Namespace(
+        warm=str(tmp_path / "warm"),
+        seeds=[3],
+        modes=["lora"],
+        device="cpu",
+        steps=2,
+        eval_every=1,
+        eval_problems=16,
+        results=str(tmp_path / "results"),
+    )
+    jobs = gpu_learn._specs(args)
+    assert [(spec["arm"], spec["mode"], spec["sft_steps"]) for spec, _ in jobs] == [
+        ("RPG", "lora", 7),
+        ("GRPO", "lora", 7),
+    ]
+    splits, loaded, _, heldout = warm_started(jobs[0][0])
+    assert splits.eval == make_splits(3, num_eval=16).eval  # the held-out problems of seed 3
+    assert heldout.curve == [] and loaded.num_parameters() == model.num_parameters()
+
+
 def test_summary_says_what_each_bench_timed_and_its_targets(tmp_path):
     """Each bench-speed figure in summary.md comes with what was timed, its range over the repeats, the noise band
     and the targets; a command that skipped the loss alone (--loss-repeats 0) says nothing of (c)."""

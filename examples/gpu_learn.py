@@ -98,17 +98,21 @@ def _specs(args) -> list[tuple[dict, str]]:
     """The runs (spec, folder); the versions are env.json's (rpg_trl runs from the tree, with no package metadata). Each
     run's `sft_steps` is its warm start's, as recorded in its ``warm_start.json`` (the warm start may be carried, built
     with other settings than this command's defaults)."""
+    folders = _folders(args.warm, args.seeds)
+    sft_steps = {
+        seed: json.loads(Path(sft_dir, "warm_start.json").read_text())["settings"]["sft_steps"]
+        for seed, sft_dir in folders.items()
+    }
     jobs = []
     for mode in args.modes:
         for arm in ARMS:
-            for seed, sft_dir in _folders(args.warm, args.seeds).items():
-                recorded = json.loads(Path(sft_dir, "warm_start.json").read_text())["settings"]
+            for seed, sft_dir in folders.items():
                 spec = {
                     "arm": arm,
                     "mode": mode,
                     "seed": seed,
                     "sft_dir": sft_dir,
-                    "sft_steps": recorded["sft_steps"],
+                    "sft_steps": sft_steps[seed],
                     "device": args.device,
                     "steps": args.steps,
                     "learning_rate": LEARNING_RATES[mode],

@@ -456,7 +456,7 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             mode): `"truncated"` (the ratio inside the KL weight capped at `clip_c`; over whole completions one factor
             min(1, c / largest prefix ratio) on each token's KL-to-go; fkl's weight, which does not grow with the
             ratio, left exact; the sign kept at both levels; the default, chosen on the KL table of
-            docs/bench_algos.md), `"exact"` (the unclipped ratio: the authors' code, TRL, slime), `"clipped"` (at
+            research/docs/bench_algos.md), `"exact"` (the unclipped ratio: the authors' code, TRL, slime), `"clipped"` (at
             clip(w, 1 − ε, 1 + ε_high), Algorithm 1 literally, rpg_trl 0.1.0: it can push the policy away from its
             anchor, with a reference model, with rkl, or over whole completions, and warns so) or `"stopped"` (no KL
             gradient where the reward term is clipped, Algorithm 2). See docs/design.md.

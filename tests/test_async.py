@@ -1,6 +1,6 @@
 """AsyncRPGTrainer (rpg_trl.async_rpg): configuration, the loss on TRL's packed stream against independent references
 (TRL's AsyncGRPOTrainer, and `rpg_loss` on a plain padded forward), staleness, and end-to-end CPU training under a
-policy lag of two versions with a resume from a checkpoint (local rollout worker of rpg_trl.tools.cpu_rollouts)."""
+policy lag of two versions with a resume from a checkpoint (local rollout worker of rpg_research.cpu_rollouts)."""
 
 import json
 import math
@@ -17,7 +17,7 @@ import rpg_trl
 from rpg_trl.async_rpg import AsyncRPGConfig, AsyncRPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss
 from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
-from rpg_trl.tools.cpu_rollouts import cpu_backend
+from rpg_research.cpu_rollouts import cpu_backend
 
 from helpers.async_harness import (
     RecordingWeightTransfer,
@@ -365,7 +365,7 @@ def test_bench_async_command_end_to_end(tmp_path):
     results, with the policy version each step was sampled from."""
     import json
 
-    from rpg_trl.tools.cli import main
+    from rpg_research.cli import main
 
     output = tmp_path / "bench"
     argv = ["bench-async", "--quick", "--output_dir", str(output), "--sft_steps", "0", "--steps", "2", "--lags", "2"]
@@ -381,7 +381,7 @@ def test_bench_async_command_end_to_end(tmp_path):
 
 
 def test_bench_async_refuses_bad_arguments():
-    from rpg_trl.tools.cli.bench_async import BenchAsyncArguments
+    from rpg_research.cli.bench_async import BenchAsyncArguments
 
     with pytest.raises(ValueError, match="lags"):
         BenchAsyncArguments(lags=[0])

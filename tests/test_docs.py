@@ -1,4 +1,4 @@
-"""The README and docs/ point at things that exist: test names, files and links (they are renamed often)."""
+"""The README, docs/ and research/docs/ point at things that exist: test names, files and links (they are renamed often)."""
 
 import os
 import re
@@ -11,18 +11,23 @@ import pytest
 
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "research" / "README.md",
+    *sorted((ROOT / "research" / "docs").glob("*.md")),
+]
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
 def test_every_named_test_exists(doc):
     text = doc.read_text()
-    for file, name in re.findall(r"tests/(test_\w+\.py)::(\w+)", text):
-        source = (ROOT / "tests" / file).read_text()
-        assert re.search(rf"def {name}\b", source), f"{doc.name} names tests/{file}::{name}, which does not exist"
+    for folder, file, name in re.findall(r"((?:research/)?tests)/(test_\w+\.py)::(\w+)", text):
+        source = (ROOT / folder / file).read_text()
+        assert re.search(rf"def {name}\b", source), f"{doc.name} names {folder}/{file}::{name}, which does not exist"
 
 
-@pytest.mark.parametrize("doc", DOCS, ids=[d.name for d in DOCS])
+@pytest.mark.parametrize("doc", DOCS, ids=[str(d.relative_to(ROOT)) for d in DOCS])
 def test_every_relative_link_and_image_exists(doc):
     text = doc.read_text()
     for target in re.findall(r"\]\(([^)\s]+)\)", text):
@@ -44,7 +49,8 @@ def test_the_readme_opens_with_the_two_set_up_commands():
 
 
 def test_no_document_cites_files_outside_the_repository():
-    for path in [*DOCS, *(ROOT / "rpg_trl").rglob("*.py"), *(ROOT / "examples").glob("*.py")]:
+    code = [*(ROOT / "rpg_trl").rglob("*.py"), *(ROOT / "research").rglob("*.py"), *(ROOT / "examples").glob("*.py")]
+    for path in [*DOCS, *code]:
         assert "RPG_SPEC" not in path.read_text(), f"{path.relative_to(ROOT)} cites a file outside the repository"
 
 
@@ -100,7 +106,7 @@ def test_the_readme_fits_160_lines():
 
 
 #: Each GPU step-time ratio of bench-speed quoted on the front pages, and what it must say it was measured under
-#: (docs/benchmarks.md): the first run (2026-11-26) on the character vocabulary, one repeat; the second (2026-11-27) on
+#: (research/docs/benchmarks.md): the first run (2026-11-26) on the character vocabulary, one repeat; the second (2026-11-27) on
 #: Qwen3's vocabulary, 3 repeats.
 GPU_CONDITIONS = {
     "0.896": (
@@ -126,7 +132,7 @@ def test_each_gpu_step_time_figure_carries_its_conditions(page):
             missing = [c for c in conditions if c not in flat]
             assert not missing, f"{page}: the GPU figure {figure} does not say {missing}: {flat[:200]}"
     assert quoted, f"{page} no longer quotes a GPU step-time ratio: update this test"
-    from rpg_trl.tools.toy import build_char_tokenizer
+    from rpg_research.toy import build_char_tokenizer
 
     assert len(build_char_tokenizer()) == 28  # bench-speed's model reads the toy character tokenizer
     assert "--vocab-size 151936" in (ROOT / "examples" / "gpu_run.sh").read_text()  # the second run's vocabulary

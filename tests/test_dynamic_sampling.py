@@ -33,7 +33,7 @@ from rpg_trl.dynamic_sampling import (
     prompt_key,
     select_groups,
 )
-from rpg_trl.tools.toy import build_char_tokenizer
+from rpg_research.toy import build_char_tokenizer
 
 from helpers.tiny_runs import PROMPTS, sevens_unless_even, tiny_run_args
 

@@ -1,15 +1,15 @@
 """GPU checks (marked `gpu`, skipped without CUDA): bf16 training, gradient checkpointing, LoRA, DeepSpeed.
 
-Run on a GPU machine with `python -m pytest -q -m gpu tests/test_gpu.py` (`examples/gpu_run.sh` runs it, with the
+Run on a GPU machine with `python -m pytest -q -m gpu tests/test_gpu.py` (`research/gpu/gpu_run.sh` runs it, with the
 wheels a machine without network needs). The model is a randomly initialised Qwen3 of about 0.5B parameters built
 locally (no download), with a character tokenizer; every divergence x estimator trains in bf16 with gradient
 checkpointing; LoRA trains with the "ref" adapter as the synced reference; DeepSpeed ZeRO-2 and ZeRO-3 run through
 `accelerate launch` with the configs of `accelerate_configs/` (one launch each: ZeRO-2 with the sampling anchor, ZeRO-3
-with a reference model; `accelerate launch` without DeepSpeed is examples/gpu_run.sh's e2e stage).
+with a reference model; `accelerate launch` without DeepSpeed is research/gpu/gpu_run.sh's e2e stage).
 
 Dry run on CPU: `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` runs the same test functions, unmarked, on
-the CPU with the tiny Qwen3 of `rpg_trl.tools.toy` (still bf16 autocast and gradient checkpointing, fewer steps), so that
-the GPU suite is known to import and run before a GPU is at hand (`tests/test_gpu_dry_run.py` does this in CI). The
+the CPU with the tiny Qwen3 of `rpg_research.toy` (still bf16 autocast and gradient checkpointing, fewer steps), so that
+the GPU suite is known to import and run before a GPU is at hand (`research/tests/test_gpu_dry_run.py` does this in CI). The
 DeepSpeed ZeRO stages are left out of the dry run (ZeRO is exercised here on CUDA; on CPU, with 2 processes, by
 `tests/test_launch_configs.py`); there the same training script runs under `accelerate launch` without DeepSpeed
 (`stage` 0) instead.
@@ -28,8 +28,8 @@ import torch
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
-from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model
-from rpg_trl.tools.toy.training import activation_checkpointing
+from rpg_research.toy import build_char_tokenizer, save_tiny_model
+from rpg_research.toy.training import activation_checkpointing
 
 from helpers.tiny_runs import PROMPTS
 
@@ -50,7 +50,7 @@ HALF_B = dict(
     intermediate_size=5120,
     max_position_embeddings=512,
 )
-#: The dry run's model: `rpg_trl.tools.toy`'s defaults (about 0.1M parameters).
+#: The dry run's model: `rpg_research.toy`'s defaults (about 0.1M parameters).
 TINY = dict(max_position_embeddings=512)
 MODEL_SIZES, PARAM_RANGE = (TINY, (1e4, 1e6)) if DRY_RUN else (HALF_B, (0.4e9, 0.7e9))
 
@@ -171,8 +171,8 @@ TRAIN_SCRIPT = textwrap.dedent("""
     import json, math, sys
     from datasets import Dataset
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.tools.toy import build_char_tokenizer
-    from rpg_trl.tools.toy.training import activation_checkpointing
+    from rpg_research.toy import build_char_tokenizer
+    from rpg_research.toy.training import activation_checkpointing
 
     model_dir, out_dir, anchor, use_cpu = sys.argv[1:5]
     ds = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
@@ -195,7 +195,7 @@ DEEPSPEED_SCRIPT = TRAIN_SCRIPT
 
 def _zero_stage_skip(stage):
     if stage and importlib.util.find_spec("deepspeed") is None:
-        return "deepspeed is not installed (examples/gpu_run.sh carries its wheel)"
+        return "deepspeed is not installed (research/gpu/gpu_run.sh carries its wheel)"
     return None
 
 

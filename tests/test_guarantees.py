@@ -37,7 +37,7 @@ from rpg_trl.math_task.rewards import accuracy_reward, extract_answer, format_re
 from rpg_trl.reliability import DiskFullError, RewardFunctionError
 from rpg_trl.reliability.checkpoints import checkpoint_problems, is_complete
 from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE
-from rpg_trl.tools.toy import build_char_tokenizer, make_fixed_rollout
+from rpg_research.toy import build_char_tokenizer, make_fixed_rollout
 
 from helpers import crash_worker, save_faults
 from helpers.crash_worker import MAX_STEPS

@@ -204,7 +204,7 @@ def test_a_cpu_run_holds_the_kl_near_each_target(tmp_path):
     """`rpg-trl kl-budget` (100 steps, targets 0.05 and 0.2): over the second half of each run the median KL is within
     a factor of 1.5 of its target (measured: 1.04 and 1.00 on AVX-512), and β moves up exactly after the steps whose
     KL was above the target and down after those below."""
-    from rpg_trl.tools import cli
+    from rpg_research import cli
 
     output_dir = tmp_path / "kl_budget"
     assert cli.main(["kl-budget", "--output_dir", str(output_dir)]) == 0

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
-from rpg_trl.tools.toy import no_activation_checkpointing
+from rpg_research.toy import no_activation_checkpointing
 
 from helpers import sessions
 from helpers.ports import free_port

@@ -1,19 +1,22 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""The package layout: the library (`rpg_trl` outside `tools/`) never imports the tooling (`rpg_trl.tools`: the
-command line, the toy task, the CPU rollouts), the toy task never imports the command line, no two modules import each
-other (directly or through others), and the README's layout paragraph names every part of the package. Checked on the
-source with `ast`, imports inside functions included."""
+"""The layout: the library (`rpg_trl`) never imports the research package beside it (`research/rpg_research`: the
+command line, the toy tasks, the CPU rollouts), the toy tasks never import the command line, no two modules import
+each other (directly or through others), and the README's layout paragraph names every part of both packages. Checked
+on the source with `ast`, imports inside functions included."""
 
 import ast
 from pathlib import Path
 
 
-PACKAGE = Path(__file__).resolve().parent.parent / "rpg_trl"
-README = PACKAGE.parent / "README.md"
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "rpg_trl"
+RESEARCH = ROOT / "research" / "rpg_research"
+README = ROOT / "README.md"
 
 
 def _module_name(path: Path) -> str:
-    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    root = RESEARCH.parent if path.is_relative_to(RESEARCH) else ROOT
+    parts = list(path.relative_to(root).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -49,13 +52,12 @@ def _imported_modules(path: Path) -> set[str]:
     return names
 
 
-def _modules(*subpackages: str) -> list[Path]:
-    root = PACKAGE.joinpath(*subpackages)
-    return sorted(root.rglob("*.py"))
+def _modules(*subpackages: str, package: Path = RESEARCH) -> list[Path]:
+    return sorted(package.joinpath(*subpackages).rglob("*.py"))
 
 
 def _library_modules() -> list[Path]:
-    return [p for p in _modules() if p.relative_to(PACKAGE).parts[0] != "tools"]
+    return _modules(package=PACKAGE)
 
 
 def _offending(paths: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[str]]:
@@ -63,7 +65,7 @@ def _offending(paths: list[Path], forbidden: tuple[str, ...]) -> dict[str, list[
     for path in paths:
         bad = sorted(n for n in _imported_modules(path) if any(n == f or n.startswith(f + ".") for f in forbidden))
         if bad:
-            found[str(path.relative_to(PACKAGE.parent))] = bad
+            found[str(path.relative_to(ROOT))] = bad
     return found
 
 
@@ -71,33 +73,35 @@ def test_the_walk_sees_every_kind_of_import():
     """The checker itself: absolute, relative (one and two levels) and function-level imports are all resolved."""
     names = _imported_modules(PACKAGE / "reliability" / "checks.py")
     assert "transformers.utils" in names  # absolute, at the top
-    cli_demo = _imported_modules(PACKAGE / "tools" / "cli" / "demo.py")
-    # `..` (within tools), absolute and `.`, all inside functions
-    assert {"rpg_trl.tools.toy.addition", "rpg_trl.trainer", "rpg_trl.tools.cli.plot"} <= cli_demo
+    cli_demo = _imported_modules(RESEARCH / "cli" / "demo.py")
+    # `..` (within rpg_research), absolute and `.`, all inside functions
+    assert {"rpg_research.toy.addition", "rpg_trl.trainer", "rpg_research.cli.plot"} <= cli_demo
     kl = _imported_modules(PACKAGE / "losses" / "kl.py")  # `from .spec import ...` only under `if TYPE_CHECKING:`
     assert "rpg_trl.losses.ratios" in kl and "rpg_trl.losses.spec" not in kl
 
 
-def test_library_modules_exist_and_the_tooling_is_apart():
+def test_library_modules_exist_and_the_research_is_apart():
     library = {_module_name(p) for p in _library_modules()}
     assert {"rpg_trl", "rpg_trl.losses", "rpg_trl.config", "rpg_trl.trainer", "rpg_trl.ref_sync.trigger"} <= library
-    tooling = {_module_name(p) for p in _modules("tools")}
-    assert {"rpg_trl.tools.cli", "rpg_trl.tools.toy", "rpg_trl.tools.cpu_rollouts.worker"} <= tooling
-    assert not library & tooling
+    assert all(name == "rpg_trl" or name.startswith("rpg_trl.") for name in library)
+    research = {_module_name(p) for p in _modules()}
+    assert {"rpg_research.cli", "rpg_research.toy", "rpg_research.cpu_rollouts.worker"} <= research
+    assert not library & research
+    assert not (PACKAGE / "tools").exists()
 
 
-def test_no_library_module_imports_the_tooling():
-    assert _offending(_library_modules(), ("rpg_trl.tools",)) == {}
+def test_no_library_module_imports_the_research_package():
+    assert _offending(_library_modules(), ("rpg_research",)) == {}
 
 
 def test_the_toy_task_never_imports_the_command_line():
-    assert _offending(_modules("tools", "toy"), ("rpg_trl.tools.cli",)) == {}
+    assert _offending(_modules("toy"), ("rpg_research.cli",)) == {}
 
 
 def _import_graph() -> dict[str, set[str]]:
     """Module -> the modules of the package it imports (a name imported from a module counts as that module; a
     module's own parent packages, which Python imports first anyway, are left out)."""
-    modules = {_module_name(p): p for p in _modules()}
+    modules = {_module_name(p): p for p in _library_modules() + _modules()}
     graph = {}
     for name, path in modules.items():
         deps = set()
@@ -145,22 +149,22 @@ def test_the_cycle_finder_on_a_hand_made_graph():
 
 
 def test_no_two_modules_import_each_other():
-    """The two optimum benchmarks share `tools/cli/optima.py`, and the two tables of bench-algos share
-    `tools/cli/runs.py`, instead of importing each other."""
+    """The two optimum benchmarks share `rpg_research/cli/optima.py`, and the two tables of bench-algos share
+    `rpg_research/cli/runs.py`, instead of importing each other."""
     graph = _import_graph()
-    assert "rpg_trl.tools.cli.optima" in graph["rpg_trl.tools.cli.bench_optimum_sequence"]
-    assert "rpg_trl.tools.cli.runs" in graph["rpg_trl.tools.cli.bench_kl"]
+    assert "rpg_research.cli.optima" in graph["rpg_research.cli.bench_optimum_sequence"]
+    assert "rpg_research.cli.runs" in graph["rpg_research.cli.bench_kl"]
     assert _cycles(graph) == []
 
 
 def test_the_readme_layout_names_every_part_of_the_package():
-    """Each module and subpackage directly under `rpg_trl/` and `rpg_trl/tools/` is named in the README's layout
+    """Each module and subpackage directly under `rpg_trl/` and `research/rpg_research/` is named in the README's layout
     paragraph, as `name.py` or `name/`."""
     text = README.read_text()
-    layout = text[text.index("## Documentation and layout") :]
+    layout = text[text.index("## Layout") :]
     layout = layout[: layout.index("\n## ")]
     missing = []
-    for folder in (PACKAGE, PACKAGE / "tools"):
+    for folder in (PACKAGE, RESEARCH):
         for entry in sorted(folder.iterdir()):
             if entry.name.startswith("_"):
                 continue
@@ -176,7 +180,7 @@ def test_the_readme_layout_names_every_part_of_the_package():
 
 
 def test_toy_exports_resolve():
-    import rpg_trl.tools.toy as toy
+    import rpg_research.toy as toy
 
     for name in toy.__all__:
         assert getattr(toy, name) is not None, name

@@ -23,6 +23,10 @@ from helpers import mp_worker, sessions
 from helpers.ports import free_port
 
 
+# The slow tier: the tests of this file start processes (.ci/run runs them after the README's test command).
+pytestmark = pytest.mark.slow
+
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(mp_worker.__file__)
 #: Logged metrics that must not depend on the batch layout (all are reduced over processes by the trainer).

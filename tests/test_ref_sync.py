@@ -22,7 +22,7 @@ from rpg_trl.ref_sync import RefModelSyncCallback
 from rpg_trl.ref_sync.trigger import SyncTrigger
 from rpg_trl.ref_sync.weights import REF_ADAPTER, REFERENCE_FILE, gather_reference, mix_parameters, restore_reference
 from rpg_trl.reliability.checkpoints import COMMIT_RECORD
-from rpg_trl.tools.toy import build_char_tokenizer
+from rpg_research.toy import build_char_tokenizer
 
 from helpers.ports import free_port
 from helpers.sync_two_proc import AllocatedBytes

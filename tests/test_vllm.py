@@ -20,6 +20,10 @@ from pathlib import Path
 import pytest
 
 
+# The slow tier: the tests of this file start processes (.ci/run runs them after the README's test command).
+pytestmark = pytest.mark.slow
+
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers.vllm_cpu import CPU_MODEL_KWARGS, TESTS_DIR, VLLMServer, cpu_bridges, vllm_cpu_available, vllm_cpu_env  # noqa: E402
@@ -38,7 +42,7 @@ from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
 
 from rpg_trl import RPGTrainer  # noqa: E402
 from rpg_trl.reliability import VLLMServerError, shutdown_colocated_vllm  # noqa: E402
-from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
+from rpg_research.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
 
 from helpers import failure_two_proc  # noqa: E402
 from helpers.ports import free_port  # noqa: E402
@@ -1012,7 +1016,7 @@ def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_mo
     from trl.chat_template_utils import qwen3_chat_template
 
     from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
-    from rpg_trl.tools.cpu_rollouts import cpu_backend
+    from rpg_research.cpu_rollouts import cpu_backend
 
     from helpers.async_harness import async_args, digit_reward
     from helpers.vllm_async_transfer import FileWeightTransfer

@@ -266,7 +266,7 @@ def rpg_loss(
             ``kl_importance_weight`` (``True``; ``False`` is GRPO's *uncorrected* k3 penalty without the importance
             weight, the biased baseline of the KL-weighting ablation, Sec. 2.2, only with ``divergence="urkl"``: its
             value estimates the reverse KL but its expected gradient is that of the forward KL(π_ref‖π_θ),
-            docs/bench_optimum.md) and ``kl_level`` (``"token"``: each token's KL term weighted by its own ratio, the
+            research/docs/bench_optimum.md) and ``kl_level`` (``"token"``: each token's KL term weighted by its own ratio, the
             paper's code and every peer; ``"sequence"``: the exact gradient of the KL between whole completions,
             exact under ``aggregation="seq-mean-token-sum"``), ``kl_clip_mode`` (``DEFAULT_KL_CLIP_MODE``; how the
             clip weights the KL term outside the trust region: ``"exact"``, ``"truncated"``, ``"clipped"`` or

@@ -154,7 +154,7 @@ DIVERGENCES = tuple(name for name, term in KL_TERMS.items() if term.importance_w
 KL_LEVELS = ("token", "sequence")
 
 
-#: The default of `kl_clip_mode` (a key of [`KL_CLIP_MODES`]), chosen on the KL table of docs/bench_algos.md.
+#: The default of `kl_clip_mode` (a key of [`KL_CLIP_MODES`]), chosen on the KL table of research/docs/bench_algos.md.
 DEFAULT_KL_CLIP_MODE = "truncated"
 
 

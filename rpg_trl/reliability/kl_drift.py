@@ -2,7 +2,7 @@
 """A KL to a reference model that stops holding: one warning, naming the settings to change.
 
 With a reference model (`kl_anchor="reference"`, β > 0) the KL term is meant to hold the policy near the reference. When
-it does not, the logged metrics show it before the rewards do (docs/bench_algos.md, the KL tables): the KL to the
+it does not, the logged metrics show it before the rewards do (research/docs/bench_algos.md, the KL tables): the KL to the
 reference, which levels off within a few generation batches when it holds, keeps multiplying, and the importance
 weights π_θ/π_old reach far beyond the dual-clip bound c. [`KLDriftMonitor`] watches the trainer's logged `kl`,
 `entropy` and `importance_weight/max`, averaged per generation batch (periods of at least [`MIN_PERIOD_STEPS`]
@@ -19,7 +19,7 @@ A reference sync (the `ref/syncs` count that [`~rpg_trl.ref_sync.RefModelSyncCal
 `ref_model_sync_kl_threshold` and `sync_ref_model` alike) starts the watch again: the KL to a freshly synced reference
 restarts near 0, and its saw-tooth is no trend. The entropy is reported, not required: in the collapsing runs of the KL
 table it fell in some and rose in others. Replayed on runs that chose none of its thresholds it caught 8 of 32 collapses,
-with 1 false alarm in 36 runs that held (docs/bench_algos.md, third KL protocol): a hint, not a guard. [`KLDriftMonitorMixin`] gives the
+with 1 false alarm in 36 runs that held (research/docs/bench_algos.md, third KL protocol): a hint, not a guard. [`KLDriftMonitorMixin`] gives the
 monitor to [`~rpg_trl.RPGTrainer`] and [`~rpg_trl.async_rpg.AsyncRPGTrainer`]; it is active only with a reference
 model, β > 0 and `kl_drift_warning=True` (the default; the KL to the sampling policy restarts at 0 with every
 generation batch).

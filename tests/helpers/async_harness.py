@@ -2,7 +2,7 @@
 Qwen3, packed batches built by TRL's own packer, and the log-probabilities of a plain (unpacked) forward pass.
 
 The rollout worker, the weight transfer and the CPU stand-ins for TRL's GPU-only parts are those of
-`rpg_trl.tools.cpu_rollouts` (the `rpg-trl bench-async` command uses them too); this module only wires them for tests.
+`rpg_research.cpu_rollouts` (the `rpg-trl bench-async` command uses them too); this module only wires them for tests.
 """
 
 import torch
@@ -11,11 +11,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
 from trl.experimental.async_grpo.packing import TreeRow
 
-from rpg_trl.tools.cpu_rollouts import LocalRolloutWorker, LocalWeightTransfer
-from rpg_trl.tools.toy import no_activation_checkpointing
+from rpg_research.cpu_rollouts import LocalRolloutWorker, LocalWeightTransfer
+from rpg_research.toy import no_activation_checkpointing
 
 
-#: "a+b=" prompts with their sum, covered by the character tokenizer of `rpg_trl.tools.toy`.
+#: "a+b=" prompts with their sum, covered by the character tokenizer of `rpg_research.toy`.
 PROMPTS = Dataset.from_dict(
     {
         "prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)],

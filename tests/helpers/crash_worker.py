@@ -25,7 +25,7 @@ import torch
 from transformers import TrainerCallback
 
 from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.tools.toy import build_char_tokenizer
+from rpg_research.toy import build_char_tokenizer
 
 
 if __name__ == "__main__":  # run as a script: `tests/` on the path, for `helpers.*`

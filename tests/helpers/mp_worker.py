@@ -22,7 +22,7 @@ from transformers import Qwen3ForCausalLM
 
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import AGGREGATIONS
-from rpg_trl.tools.toy import build_char_tokenizer, make_fixed_rollout
+from rpg_research.toy import build_char_tokenizer, make_fixed_rollout
 
 
 if __name__ == "__main__":  # run as a script: `tests/` on the path, for `helpers.*`

@@ -7,10 +7,10 @@ import string
 import torch
 from datasets import Dataset
 
-from rpg_trl.tools.toy import no_activation_checkpointing
+from rpg_research.toy import no_activation_checkpointing
 
 
-#: 100 "a+b=" prompts, all covered by the character tokenizer of `rpg_trl.tools.toy`.
+#: 100 "a+b=" prompts, all covered by the character tokenizer of `rpg_research.toy`.
 PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
 
 
@@ -20,7 +20,7 @@ def save_math_assets(root) -> dict:
     evaluation problems (`tiny_eval.jsonl`). Returns their paths by those names (the tiny model answers wrong; fine)."""
     from tokenizers import Regex, pre_tokenizers
 
-    from rpg_trl.tools.toy import build_char_tokenizer, save_tiny_model
+    from rpg_research.toy import build_char_tokenizer, save_tiny_model
 
     tokenizer = build_char_tokenizer(string.printable)
     # One token per character, newlines included (the prompt has blank lines).
@@ -85,7 +85,7 @@ def make_trainer(model_dir, tmp_path, trainer_cls=None, config_cls=None, reward=
     """A trainer (`RPGTrainer` by default, or e.g. TRL's `GRPOTrainer` with `GRPOConfig`) of a [`tiny_run_args`] run
     on the tiny model in `model_dir`, with the [`PROMPTS`] and the character tokenizer."""
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_trl.tools.toy import build_char_tokenizer
+    from rpg_research.toy import build_char_tokenizer
 
     args = (config_cls or RPGConfig)(**tiny_run_args(tmp_path, **overrides))
     return (trainer_cls or RPGTrainer)(

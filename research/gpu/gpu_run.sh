@@ -1,0 +1,410 @@
+#!/usr/bin/env bash
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+#
+# The GPU run of rpg_trl (research/docs/benchmarks.md): run from the repository root on a machine with one CUDA GPU.
+#
+#   learn     research/gpu/gpu_learn.py: a model that learns, RPG beside GRPO. The demo's warm starts (seeds 0, 1, 2; carried
+#             in gpu_warm_starts/ or built here on CPU), each trained by RPG's default and by GRPOTrainer (beta 1e-4,
+#             the same reference), full fine-tuning and LoRA, 400 steps (the demo's): 12 runs at once on the GPU (one
+#             process each), held-out accuracy before, during and after; learning.md, learning.json and
+#             learning_curves.png (where matplotlib is).
+#   e2e       examples/rpg_math.py under `accelerate launch --num_processes 1`, transformers generation (no vLLM), on a
+#             locally built ~31M-parameter Qwen3 (hidden 512 x 8 layers, random weights, character tokenizer; the tiny
+#             one in the dry run) and a small local math parquet in the authors' (verl) schema: 20 steps with
+#             checkpoints at 10 and 20 (and the same run again, beside it: the yardstick of the resume, as two runs
+#             with one seed may differ on a GPU), then a resume from checkpoint-10 to 20; checks that the logs show the
+#             RPG metrics (kl, clip_ratio/dual_mean, importance_weight/max) at every step.
+#   tests     python -m pytest -q -m gpu tests/test_gpu.py on a ~0.5B Qwen3 (bf16 every divergence x estimator with
+#             gradient checkpointing, the reward rising, LoRA with the "ref" adapter sync, DeepSpeed ZeRO-2 and ZeRO-3
+#             under `accelerate launch`); fails if any test skips.
+#   bench-1k, bench-4k
+#             rpg-trl bench-speed --device cuda at 1024 / 4096 completion tokens, full fine-tuning and LoRA, on a ~0.6B
+#             Qwen3 with Qwen3's vocabulary (151,936; random weights, fixed synthetic completions: generation not
+#             timed): at 1024 tokens 3 repeats in rotated order with the A/A pair (GRPO twice), at 4096 one repeat of
+#             GRPO and both RPG anchors; the loss alone (c) once; one saved model for both stages, removed at exit.
+#   long      the fourth protocol's GPU-sized variant (research/docs/bench_algos.md, long completions): rpg-trl bench-algos
+#             --task long_addition with the "large" model (13.8M parameters), the warm start of seed 4000, then GRPO
+#             and RPG sequence (kl_level="sequence") at learning rate 3e-4, 32 steps each, 16 per generation, both at
+#             once on the GPU; one seed, not a comparison. In a call of its own (`--stages long`, at most 5 minutes).
+#
+# Each stage runs under a deadline (--limits; defaults below) and the results are summarised and archived after each
+# stage and at exit, so a call cut short still brings back what it finished. Everything lands in the results folder
+# (default gpu_results/<UTC date and time>): image.json (the versions found before anything is installed), env.json
+# (device, driver, CUDA, versions, date, commit), stages.tsv (each stage's exit status, seconds and deadline), logs,
+# JSON, pytest's JUnit XML and summary.md (the tables of research/docs/benchmarks.md). --archive FILE packs the folder into one
+# .tar.gz (the device tool brings back files written under $OUT: use --archive "$OUT/NAME.tar.gz").
+#
+# Usage:
+#   bash research/gpu/gpu_run.sh [--dry-run] [--stages learn,e2e,tests,bench-1k,bench-4k,long] [--results DIR]
+#                            [--archive FILE]
+#                            [--bench-repeats N] [--bench-modes full,lora] [--wheels DIR] [--limits STAGE=S,...]
+#   bash research/gpu/gpu_run.sh --fetch-wheels [--wheels DIR]
+#
+# --dry-run does the same on CPU with the tiny Qwen3 of rpg_research.toy and tiny lengths (the learning runs a few
+# steps from a short warm start of seed 0, the GPU tests through RPG_GPU_DRY_RUN=1, DeepSpeed skipped; bench-1k full and
+# bench-4k LoRA only, unless --bench-modes is given, a 512-row vocabulary, one repeat), with the
+# carried wheels installed exactly as on the GPU machine: run it with a Python 3.12 built like the GPU image
+# (research/gpu/gpu_image_env.sh builds one: PYTHON=DIR/bin/python bash research/gpu/gpu_run.sh --dry-run), or with
+# --wheels '' to use the packages installed here instead.
+#
+# Carrying the packages. The lent GPU machine has PyTorch, CUDA, accelerate, transformers, peft, pytest, pandas and
+# pyarrow, but no network, no vLLM and no trl, datasets, deepspeed or math-verify. On a machine with PyPI access, in
+# the environment CI tests (pip install -e ".[deepspeed,test]"):
+#   bash research/gpu/gpu_run.sh --fetch-wheels
+# downloads into wheels/ (ignored by git) the wheels of research/gpu/gpu_wheels.py's CARRIED list for Python 3.12 on
+# x86-64 Linux, each pinned to the version installed here (a package missing here stops the fetch), the fallback
+# datasets wheels of its FALLBACKS into wheels/fallback/ (for an image whose pyarrow is older than the carried datasets
+# needs: chosen at run time), and builds a deepspeed wheel at the version installed here (DeepSpeed publishes source
+# only; DS_BUILD_OPS=0, its kernels compile on first use). Hand the folder to the machine with the device tool's
+# `carry` argument (about 22 MiB; the working tree travels with it, 64 MiB at most); research/docs/benchmarks.md gives the two
+# calls. This script installs the chosen wheels with `pip install --no-index --no-deps --target` into a temporary
+# folder put first on PYTHONPATH, and puts the repository and research/ on PYTHONPATH (no install of rpg_trl or rpg_research needed).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+DRY_RUN=0
+FETCH=0
+STAGES="learn,tests,bench-1k,bench-4k"
+RESULTS=""
+ARCHIVE=""
+WHEELS="wheels"
+BENCH_REPEATS=""
+BENCH_MODES="full,lora"
+BENCH_MODES_SET=0
+LIMITS=""
+
+usage() { sed -n '33,36p' "$0" | sed 's/^# \{0,1\}//'; }
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --dry-run) DRY_RUN=1 ;;
+        --fetch-wheels) FETCH=1 ;;
+        --stages) STAGES="$2"; shift ;;
+        --results) RESULTS="$2"; shift ;;
+        --archive) ARCHIVE="$2"; shift ;;
+        --wheels) WHEELS="$2"; shift ;;
+        --bench-repeats) BENCH_REPEATS="$2"; shift ;;
+        --bench-modes) BENCH_MODES="$2"; BENCH_MODES_SET=1; shift ;;
+        --limits) LIMITS="$2"; shift ;;
+        -h | --help) usage; exit 0 ;;
+        *) echo "gpu_run.sh: unknown argument $1" >&2; usage >&2; exit 2 ;;
+    esac
+    shift
+done
+
+# ---------------------------------------------------------------------------------------------------------- wheels
+PLATFORMS=(--python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
+    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64)
+fetch_wheels() {
+    local pins tier ds_version scratch
+    # Pinned to the versions installed here (the ones CI tests); a package missing here stops the fetch.
+    pins="$("$PY" research/gpu/gpu_wheels.py pins)"
+    ds_version="$("$PY" -c 'import importlib.metadata as m; print(m.version("deepspeed"))' 2>/dev/null)" || {
+        echo "gpu_run.sh: deepspeed is not installed in $PY: the carried wheel is built at the version CI tests" \
+            "(pip install -e '.[deepspeed,test]')" >&2
+        exit 1
+    }
+    rm -rf "$WHEELS"/*.whl "$WHEELS/fallback"  # one version of each: two stop the install
+    mkdir -p "$WHEELS"
+    # shellcheck disable=SC2086
+    "$PY" -m pip download --no-deps --only-binary=:all: "${PLATFORMS[@]}" -d "$WHEELS" $pins
+    for tier in $("$PY" research/gpu/gpu_wheels.py fallback-tiers); do
+        # shellcheck disable=SC2046
+        "$PY" -m pip download --no-deps --only-binary=:all: "${PLATFORMS[@]}" -d "$WHEELS/fallback/$tier" \
+            $("$PY" research/gpu/gpu_wheels.py fallback-pins "$tier")
+    done
+    # DeepSpeed publishes source only. Built in pip's isolated build environment (setuptools and wheel fetched for
+    # it), so that a fresh machine builds it too (with --no-build-isolation it needs `wheel` installed here).
+    DS_BUILD_OPS=0 "$PY" -m pip wheel --no-deps --no-cache-dir -w "$WHEELS" "deepspeed==$ds_version"
+    # The install the GPU machine will do, for its Python 3.12 on x86-64, into a scratch folder: checks the tags.
+    scratch="$(mktemp -d)"
+    for tier in main $("$PY" research/gpu/gpu_wheels.py fallback-tiers); do
+        # shellcheck disable=SC2046
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --target "$scratch/$tier" --only-binary=:all: \
+            "${PLATFORMS[@]}" $("$PY" research/gpu/gpu_wheels.py tier "$WHEELS" "$tier")
+    done
+    rm -rf "$scratch"
+    ls -l "$WHEELS" "$WHEELS"/fallback/*
+    du -sh "$WHEELS"
+}
+
+if [[ $FETCH == 1 ]]; then
+    fetch_wheels
+    exit 0
+fi
+
+has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
+for stage in ${STAGES//,/ }; do
+    case "$stage" in learn | e2e | tests | bench-1k | bench-4k | long) ;; *) echo "gpu_run.sh: unknown stage $stage" >&2; exit 2 ;; esac
+done
+
+# ------------------------------------------------------------------------------------------------------ deadlines
+# Seconds per stage, `setup` included (the install and the checks before the first stage). On the GPU: call 1
+# (learn,tests) 30+195+135 = 360 s, call 2 (bench-1k,bench-4k) 30+300+90 = 420 s, each 30 s inside its device call's
+# timeout_s for the summary and the archive (research/docs/benchmarks.md). The dry run on 2 CPU cores takes longer.
+# --limits learn=200,tests=300 overrides some.
+declare -A LIMIT
+if [[ $DRY_RUN == 1 ]]; then
+    LIMIT=([setup]=300 [learn]=900 [e2e]=600 [tests]=900 [bench-1k]=900 [bench-4k]=600 [long]=900)
+else
+    LIMIT=([setup]=30 [learn]=195 [e2e]=120 [tests]=135 [bench-1k]=300 [bench-4k]=90 [long]=240)
+fi
+for item in ${LIMITS//,/ }; do
+    [[ $item == *=* && -n ${LIMIT[${item%%=*}]+x} ]] || { echo "gpu_run.sh: bad --limits entry $item" >&2; exit 2; }
+    LIMIT[${item%%=*}]="${item#*=}"
+done
+DEADLINE=0
+# limited CMD...: runs CMD (and its children) until the current stage's deadline; 124 when it is cut short.
+limited() {
+    local left=$((DEADLINE - $(date +%s)))
+    if ((left <= 0)); then echo "gpu_run.sh: the stage's deadline has passed before: $*" >&2; return 124; fi
+    timeout --kill-after=10 "$left" "$@"
+}
+
+# ----------------------------------------------------------------------------------------------------- environment
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export WANDB_DISABLED=true PYTHONUNBUFFERED=1 TRL_EXPERIMENTAL_SILENCE=1
+STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
+if [[ -z "$RESULTS" ]]; then
+    RESULTS="gpu_results/$([[ $DRY_RUN == 1 ]] && echo dry-run- || true)$STAMP"
+fi
+mkdir -p "$RESULTS"
+RESULTS="$(cd "$RESULTS" && pwd)"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/rpg-gpu-run.XXXXXX")"
+FAILED=()
+
+# report: summary.md from whatever the results folder holds; then the archive (written aside, then moved in place).
+report() {
+    "$PY" research/gpu/gpu_stages.py summary "$RESULTS" || true
+    if [[ -n "$ARCHIVE" ]]; then
+        mkdir -p "$(dirname "$ARCHIVE")"
+        tar czf "$ARCHIVE.part" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")" && mv -f "$ARCHIVE.part" "$ARCHIVE"
+    fi
+}
+finish() {
+    local rc=$?
+    trap - EXIT
+    report
+    cat "$RESULTS/summary.md" 2>/dev/null || true
+    rm -rf "$WORK"
+    [[ -n "$ARCHIVE" ]] && echo "Archived the results into $ARCHIVE"
+    echo "Results: $RESULTS (summary.md, stages.tsv, env.json, logs, JSON)"
+    if ((${#FAILED[@]})); then echo "gpu_run.sh: failed stages: ${FAILED[*]}" >&2; exit 1; fi
+    exit "$rc"
+}
+trap finish EXIT
+trap 'exit 143' TERM INT
+
+# run_stage NAME FUNCTION: FUNCTION in a subshell under set -e and NAME's deadline; records it in stages.tsv (a failure
+# in FAILED too), then the summary and the archive. Not to be called where set -e is ignored (after || or in an if
+# condition), which would ignore it inside FUNCTION too.
+run_stage() {
+    local name="$1" start rc
+    start=$(date +%s)
+    DEADLINE=$((start + LIMIT[$name]))
+    echo "== $name (deadline ${LIMIT[$name]} s)"
+    set +e
+    (set -e; "$2")
+    rc=$?
+    set -e
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" "${LIMIT[$name]}" >>"$RESULTS/stages.tsv"
+    if ((rc != 0)); then
+        FAILED+=("$name")
+        echo "gpu_run.sh: stage $name failed (exit status $rc$([[ $rc == 124 ]] && echo ': deadline reached'))" >&2
+    fi
+    report
+}
+
+stage_setup() {
+    # The image's own versions first, before anything is installed (pyarrow, regex and peft decide what fits).
+    "$PY" research/gpu/gpu_wheels.py versions "$RESULTS/image.json"
+    if [[ -n "$WHEELS" && -d "$WHEELS" ]] && compgen -G "$WHEELS/*.whl" >/dev/null; then
+        local pyver
+        pyver="$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+        if [[ $pyver != 3.12 ]]; then
+            echo "gpu_run.sh: the wheels in $WHEELS are for Python 3.12 (the GPU image); $PY is Python $pyver." \
+                "Build the image's environment (bash research/gpu/gpu_image_env.sh) and run with PYTHON=ITS/bin/python," \
+                "or give --wheels '' to use the packages installed here" >&2
+            return 1
+        fi
+        local chosen
+        mapfile -t chosen < <("$PY" research/gpu/gpu_wheels.py choose "$WHEELS")
+        ((${#chosen[@]})) || return 1
+        echo "Installing ${#chosen[@]} carried wheels from $WHEELS into $WORK/site"
+        printf '%s\n' "${chosen[@]##*/}" >"$RESULTS/wheels_installed.txt"
+        limited "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" \
+            "${chosen[@]}"
+    else
+        echo "No carried wheels (--wheels '$WHEELS'): the packages installed for $PY are used"
+    fi
+    # rpg_trl's torch requirement (setup.cfg's floor), resolved by pip against the image's torch with no index, as
+    # `pip install rpg_trl` resolves it on a user's machine: the floor is the oldest torch CI tests (.ci/torch_floor)
+    # and the image's torch meets it, so pip keeps that torch; a floor above it stops the run here (pip would replace
+    # a user's torch). The carried wheels go in with --no-deps only because --target ignores what is installed.
+    local floor
+    floor="$(sed -n 's/^ *\(torch>=[0-9.]*\) *$/\1/p' setup.cfg)"
+    limited "$PY" -m pip install --no-index --no-cache-dir "$floor" | tee "$RESULTS/torch_floor.txt"
+    # Device, driver, versions, date and commit; stops here if a package is missing or (GPU run) CUDA is not there.
+    limited "$PY" research/gpu/gpu_stages.py env "$RESULTS/env.json" "$DEVICE"
+    "$PY" -m pip check >"$RESULTS/pip_check.txt" 2>&1 || echo "note: pip check reports conflicts (see $RESULTS/pip_check.txt)"
+}
+
+if [[ $DRY_RUN == 1 ]]; then
+    export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" RPG_GPU_DRY_RUN=1
+    DEVICE=cpu
+else
+    export DS_ACCELERATOR=cuda  # the carried deepspeed wheel was built on a machine without CUDA
+    DEVICE=cuda
+fi
+# The carried wheels go to $WORK/site (setup), first on the path; then the repository (no install of rpg_trl needed).
+export PYTHONPATH="$WORK/site:$ROOT:$ROOT/research${PYTHONPATH:+:$PYTHONPATH}"
+run_stage setup stage_setup
+if ((${#FAILED[@]})); then exit 1; fi
+
+# ---------------------------------------------------------------------------------------------------------- learn
+stage_learn() {
+    # The warm starts: carried (gpu_warm_starts/, built on CPU with `python research/gpu/gpu_learn.py warm-starts
+    # gpu_warm_starts`: reused when their settings match) or built here, on CPU, one process per seed.
+    local warm="$WORK/warm_starts" sizes
+    if [[ $DRY_RUN == 1 ]]; then
+        sizes=(--seeds 0 --eval-problems 16)
+        limited "$PY" research/gpu/gpu_learn.py warm-starts "$warm" "${sizes[@]}" --sft-steps 30 --sft-extra-rounds 0
+        limited "$PY" research/gpu/gpu_learn.py train "$warm" "$RESULTS" "${sizes[@]}" --device cpu --steps 4 \
+            --eval-every 2 --workers 2 2>&1 | tee "$RESULTS/learn.log"
+    else
+        sizes=(--seeds 0,1,2 --eval-problems 400)
+        if [[ -d gpu_warm_starts ]]; then warm="$ROOT/gpu_warm_starts"; fi
+        limited "$PY" research/gpu/gpu_learn.py warm-starts "$warm" "${sizes[@]}" --device cpu --workers 3
+        limited "$PY" research/gpu/gpu_learn.py train "$warm" "$RESULTS" "${sizes[@]}" --device cuda --steps 400 \
+            --eval-every 50 --workers 12 2>&1 | tee "$RESULTS/learn.log"
+    fi
+}
+
+# ------------------------------------------------------------------------------------------------------------ e2e
+stage_e2e() {
+    # A ~31M-parameter Qwen3 (the tiny one in the dry run) with a character tokenizer covering the paper's prompt, and
+    # a math parquet in the authors' schema (the rows of tests/test_math_task_data.py's authors_row). Small, so that
+    # what the two runs write (three checkpoints of 378 MB, two final models) stays near 1.4 GB (22 GB at 0.5B); the
+    # 0.5B model is tests/test_gpu.py's.
+    limited "$PY" research/gpu/gpu_stages.py e2e-inputs "$WORK"
+    local launch precision completion
+    if [[ $DRY_RUN == 1 ]]; then
+        launch=(--cpu --mixed_precision no)
+        precision=(--use_cpu true --bf16 false --gradient_checkpointing true)
+        completion=16
+    else
+        launch=(--mixed_precision bf16)
+        precision=(--bf16 true --gradient_checkpointing true)
+        completion=128
+    fi
+    local train_args=(
+        --model_name_or_path "$WORK/model" --train_dataset "$WORK/math.parquet" --eval_strategy no
+        --max_steps 20 --per_device_train_batch_size 8 --num_generations 4 --steps_per_generation 2
+        --max_completion_length "$completion" --overlong_buffer $((completion / 4)) --beta 1e-4
+        --learning_rate 1e-5 --logging_steps 1 --save_strategy steps --save_steps 10 --report_to none
+        --disable_tqdm true --seed 0 "${precision[@]}"
+    )
+    local launcher=("$PY" -m accelerate.commands.launch --num_processes 1 --num_machines 1 --dynamo_backend no
+        "${launch[@]}")
+    # The same run again, at the same time (the model is small: both fit the GPU side by side): how far two
+    # uninterrupted runs with one seed differ (CUDA's kernels are not all deterministic) is the yardstick of the resume.
+    limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e_repeat" \
+        > "$RESULTS/e2e_repeat.log" 2>&1 &
+    local repeat=$!
+    limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e" 2>&1 |
+        tee "$RESULTS/e2e_train.log"
+    wait "$repeat" || echo "gpu_run.sh: the repeated e2e run failed (exit status $?): see e2e_repeat.log" >&2
+    limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e_resumed" \
+        --resume_from_checkpoint "$WORK/e2e/checkpoint-10" 2>&1 | tee "$RESULTS/e2e_resume.log"
+    limited "$PY" research/gpu/gpu_stages.py e2e-check "$RESULTS" "$WORK"
+    rm -rf "$WORK/e2e" "$WORK/e2e_resumed" "$WORK/e2e_repeat"
+}
+
+# ---------------------------------------------------------------------------------------------------------- tests
+stage_tests() {
+    local pytest_args=(-q -rs -p no:cacheprovider --junitxml="$RESULTS/pytest_gpu.xml")
+    if [[ $DRY_RUN == 1 ]]; then
+        pytest_args+=(tests/test_gpu.py)  # RPG_GPU_DRY_RUN=1: unmarked, on CPU with the tiny model
+    else
+        pytest_args+=(-m gpu tests/test_gpu.py)
+    fi
+    # A test past its time fails alone (pytest-timeout, in the GPU image, loaded by its entry point), so that the
+    # JUnit XML is still written.
+    if "$PY" -c "import pytest_timeout" 2>/dev/null; then
+        pytest_args+=(--timeout "$([[ $DRY_RUN == 1 ]] && echo 600 || echo 150)")
+    fi
+    limited "$PY" -m pytest "${pytest_args[@]}" 2>&1 | tee "$RESULTS/pytest_gpu.log"
+    "$PY" research/gpu/gpu_stages.py pytest-check "$RESULTS/pytest_gpu.xml" "$DRY_RUN"
+}
+
+# ---------------------------------------------------------------------------------------------------------- bench
+BENCH_LENGTH=""
+bench() {  # bench LENGTH MODE: the loss alone (c) with the first mode of bench-1k only (it depends on neither)
+    local length="$1" mode="$2" name="bench_speed_${2}_${1}" repeats
+    # One model for both stages (4096 + 64 positions: RoPE has no weights), built by the first, removed at exit.
+    local args=(--device "$DEVICE" --completion-length "$length" --output-json "$RESULTS/$name.json"
+        --model-dir "$WORK/bench-model" --max-positions "$([[ $DRY_RUN == 1 ]] && echo 128 || echo 4160)")
+    if [[ $length == 4096 || $length == 64 ]]; then  # the long stage: GRPO and both RPG anchors, once each
+        repeats=1
+        BENCH_LOSS=0
+        args+=(--scenarios grpo-ref,rpg-sampling,rpg-reference)
+    else
+        repeats=3
+    fi
+    if [[ $DRY_RUN == 1 ]]; then
+        repeats=1
+        args+=(--hidden-size 64 --num-layers 2 --vocab-size 512 --batch-size 4 --num-generations 2 --steps 2
+            --warmup 2 --loss-batch 8 --loss-length 256 --loss-repeats 2 --loss-number 2 --loss-warmup 1
+            --num-threads 1 --timeout 300)
+    else
+        # ~0.6B parameters, Qwen3-0.6B's shape but for its MLP: hidden 1024 (16 heads, 8 KV heads, MLP 4096) x 28
+        # layers, Qwen3's vocabulary (151,936, tied embeddings); bf16 autocast, gradient checkpointing.
+        args+=(--hidden-size 1024 --num-layers 28 --vocab-size 151936 --gradient-checkpointing --timeout 150)
+        args+=(--batch-size "$([[ $length == 4096 ]] && echo 4 || echo 8)")
+    fi
+    args+=(--repeats "${BENCH_REPEATS:-$repeats}")
+    [[ $mode == lora ]] && args+=(--lora)
+    [[ $BENCH_LOSS == 0 ]] && args+=(--loss-repeats 0)
+    BENCH_LOSS=0
+    echo "== $name: rpg-trl bench-speed ${args[*]}"
+    limited "$PY" -m rpg_research.cli bench-speed "${args[@]}" 2>&1 | tee "$RESULTS/$name.md"
+}
+stage_bench() {
+    local modes mode
+    modes="$BENCH_MODES"
+    if [[ $DRY_RUN == 1 && $BENCH_MODES_SET == 0 ]]; then  # each length and each mode once, to keep it short
+        modes=$([[ $BENCH_LENGTH == 16 ]] && echo full || echo lora)
+    fi
+    BENCH_LOSS=1
+    for mode in ${modes//,/ }; do
+        case "$mode" in full | lora) bench "$BENCH_LENGTH" "$mode" ;; *) echo "gpu_run.sh: unknown mode $mode" >&2; return 2 ;; esac
+    done
+}
+
+# ----------------------------------------------------------------------------------------------------------- long
+stage_long() {
+    # The fourth protocol's GPU-sized variant (research/docs/bench_algos.md); in the dry run the same command on CPU with the
+    # small model and the --quick budget.
+    local args=(--task long_addition --tables algorithms --algorithms GRPO "RPG sequence" --learning_rates 3e-4
+        --final_seed_start 4000 --num_final_seeds 1 --num_workers 2 --output_dir "$RESULTS/long")
+    if [[ $DRY_RUN == 1 ]]; then
+        args+=(--quick --model_size small --device cpu)
+    else
+        args+=(--model_size large --device cuda)
+    fi
+    echo "== long: rpg-trl bench-algos ${args[*]}"
+    limited "$PY" -m rpg_research.cli bench-algos "${args[@]}" 2>&1 | tee "$RESULTS/long.log"
+}
+
+if has_stage learn; then run_stage learn stage_learn; fi
+if has_stage e2e; then run_stage e2e stage_e2e; fi
+if has_stage tests; then run_stage tests stage_tests; fi
+for stage in bench-1k bench-4k; do
+    has_stage "$stage" || continue
+    if [[ $DRY_RUN == 1 ]]; then BENCH_LENGTH=$([[ $stage == bench-1k ]] && echo 16 || echo 64)
+    else BENCH_LENGTH=$([[ $stage == bench-1k ]] && echo 1024 || echo 4096); fi
+    run_stage "$stage" stage_bench
+done
+if has_stage long; then run_stage long stage_long; fi

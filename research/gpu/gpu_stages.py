@@ -1,0 +1,322 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""The Python steps of `research/gpu/gpu_run.sh`'s stages (the bash script installs, launches and times; this module
+records, builds the inputs, checks and summarises), each a function tested on CPU by `research/tests/test_gpu_dry_run.py`:
+
+    python research/gpu/gpu_stages.py env OUT.json DEVICE          # device, driver, CUDA, versions, date, commit (setup)
+    python research/gpu/gpu_stages.py e2e-inputs WORK              # the e2e model and math parquet
+    python research/gpu/gpu_stages.py e2e-check RESULTS WORK       # the e2e logs: 20 + 10 steps, finite RPG metrics
+    python research/gpu/gpu_stages.py pytest-check XML DRY_RUN     # the GPU tests' JUnit XML: no failure (no skip on GPU)
+    python research/gpu/gpu_stages.py summary RESULTS              # summary.md: the tables of research/docs/benchmarks.md (and
+                                                               # learning.md, of the learning runs that finished)
+"""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import glob
+import hashlib
+import importlib
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+
+#: The e2e stage's Qwen3 on the GPU: 31M parameters, so that the run and its resume write 1.4 GB (22 GB at 0.5B).
+E2E_MODEL = dict(
+    hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=2048
+)
+#: The RPG metrics every training step must log, finite (with the loss and the entropy).
+E2E_METRICS = ["loss", "kl", "clip_ratio/dual_mean", "importance_weight/max", "entropy"]
+VERSIONS = ["torch", "transformers", "trl", "accelerate", "peft", "datasets", "math-verify", "deepspeed", "pyarrow"]
+VERSIONS += ["numpy", "huggingface-hub", "tokenizers", "regex"]
+
+
+def _command(cmd):
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def source_digest(root=".") -> str:
+    """A digest of the sources that ran (rpg_trl, rpg_research, examples, the GPU scripts, tests): the lent machine gets
+    the tree without .git."""
+    digest = hashlib.sha256()
+    paths = glob.glob("rpg_trl/**/*.py", recursive=True, root_dir=root) + glob.glob("examples/*", root_dir=root)
+    paths += glob.glob("research/rpg_research/**/*.py", recursive=True, root_dir=root)
+    paths += glob.glob("research/gpu/*", root_dir=root) + glob.glob("research/tests/*.py", root_dir=root)
+    for path in sorted(paths + glob.glob("tests/*.py", root_dir=root)):
+        digest.update(path.encode() + b"\0" + open(os.path.join(root, path), "rb").read())
+    return digest.hexdigest()[:16]
+
+
+def record_env(path: str, device: str) -> dict:
+    """env.json; exits if a needed package is missing or, with `device` "cuda", CUDA is not available."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit("gpu_run.sh: CUDA is not available here; use --dry-run for the CPU dry run.")
+    from gpu_wheels import versions as installed_versions  # research/gpu/, the script's folder, is on sys.path
+
+    versions = installed_versions(VERSIONS)
+    needed = ["trl", "datasets", "math-verify"] + (["deepspeed"] if device == "cuda" else [])
+    missing = [name for name in needed if not versions[name]]
+    if missing:
+        sys.exit(
+            f"gpu_run.sh: missing packages {missing}: carry their wheels (bash research/gpu/gpu_run.sh --fetch-wheels)"
+        )
+    for module in ["trl", "datasets", "math_verify", "rpg_trl"] + (["deepspeed"] if device == "cuda" else []):
+        importlib.import_module(module)
+    cuda = device == "cuda"
+    env = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
+        "driver": _command(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]) if cuda else None,
+        "cuda": torch.version.cuda if cuda else None,
+        "gpu_memory_bytes": torch.cuda.get_device_properties(0).total_memory if cuda else None,
+        "python": platform.python_version(),
+        "versions": versions,
+        # RPG_COMMIT, else git (absent where the tree travels without .git); the digest identifies the tree anyway.
+        "commit": os.environ.get("RPG_COMMIT") or _command(["git", "rev-parse", "HEAD"]),
+        "source_sha256": source_digest(),
+    }
+    with open(path, "w") as f:
+        f.write(json.dumps(env, indent=2) + "\n")
+    return env
+
+
+def e2e_inputs(work: str, tiny: bool) -> None:
+    """The e2e model (E2E_MODEL, or the tiny Qwen3 of the dry run) with a character tokenizer covering the paper's
+    prompt, and a math parquet in the authors' schema (tests/test_math_task_data.py's authors_row)."""
+    import string
+
+    sys.path.insert(0, "tests")
+    from test_math_task_data import authors_row, write_parquet
+
+    from rpg_research.toy import build_char_tokenizer, save_tiny_model
+
+    sizes = {**({} if tiny else E2E_MODEL), "max_position_embeddings": 1024}
+    save_tiny_model(os.path.join(work, "model"), tokenizer=build_char_tokenizer(string.printable), **sizes)
+    pairs = [(a, b) for a in range(1, 9) for b in range(1, 9)]
+    rows = [authors_row(f"What is {a}+{b}?", str(a + b), index=i) for i, (a, b) in enumerate(pairs)]
+    print("train file:", write_parquet(os.path.join(work, "math.parquet"), rows), len(rows), "rows")
+
+
+def _literal(line: str) -> dict:
+    """A printed dict of numbers, `nan` and `inf` included (which `ast.literal_eval` refuses: the very values the
+    check must catch)."""
+    tree = ast.parse(line, mode="eval")
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id not in ("nan", "inf"):
+            raise ValueError(f"not a printed dict of numbers: {line[:200]}")
+        if not isinstance(node, (ast.Expression, ast.Dict, ast.Constant, ast.Name, ast.Load, ast.UnaryOp, ast.USub)):
+            raise ValueError(f"not a printed dict of numbers: {line[:200]}")
+    return eval(compile(tree, "<log>", "eval"), {"__builtins__": {}}, {"nan": math.nan, "inf": math.inf})
+
+
+def training_logs(path: str) -> list[dict]:
+    """The training steps' metric dicts a trainer printed (values as numbers)."""
+    lines = open(path).read().splitlines()
+    dicts = [_literal(line) for line in lines if line.startswith("{'") and "'loss'" in line]
+    return [{k: float(v) for k, v in d.items()} for d in dicts]
+
+
+def _size(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def _metrics_only(log: dict) -> dict:
+    return {k: v for k, v in log.items() if k not in ("step_time", "train_runtime")}
+
+
+def e2e_check(results: str, work: str) -> dict:
+    """Checks the two e2e logs (20 steps; the resume from checkpoint-10, 10 steps) and writes e2e_summary.json."""
+    train = training_logs(os.path.join(results, "e2e_train.log"))
+    resumed = training_logs(os.path.join(results, "e2e_resume.log"))
+    assert len(train) == 20, f"the run logged {len(train)} training steps, expected 20"
+    assert len(resumed) == 10, f"the resumed run logged {len(resumed)} steps, expected 10 (11 to 20)"
+    # Every step logs the loss and RPG's metrics; the reward is logged at the steps that generate (1 in 2 here).
+    for name, run in (("run", train), ("resumed run", resumed)):
+        for key in E2E_METRICS + ["reward"]:
+            values = [log[key] for log in run if key in log]
+            expected = len(run) if key != "reward" else len(run) // 2
+            assert len(values) == expected and all(math.isfinite(v) for v in values), (name, key, values)
+    checkpoint = os.path.join(work, "e2e", "checkpoint-10")
+    assert os.path.isfile(os.path.join(checkpoint, "rpg_generation_state.pt")), os.listdir(checkpoint)
+    assert os.path.isfile(os.path.join(work, "e2e_resumed", "model.safetensors"))
+    state = json.load(open(os.path.join(work, "e2e_resumed", "checkpoint-20", "trainer_state.json")))
+    assert state["global_step"] == 20, state["global_step"]
+    summary = {
+        "steps": len(train),
+        "resumed_steps": len(resumed),
+        "metrics": E2E_METRICS,
+        "last_step": {k: train[-1][k] for k in E2E_METRICS},
+        "rewards": [log["reward"] for log in train if "reward" in log],
+        # Exact resume (rpg_trl/reliability/generation_state.py): steps 11-20 of both runs train on the same batches.
+        "loss_steps_11_20": [log["loss"] for log in train[10:]],
+        "loss_steps_11_20_resumed": [log["loss"] for log in resumed],
+        "max_abs_loss_difference_after_resume": max(abs(a["loss"] - b["loss"]) for a, b in zip(train[10:], resumed)),
+        # What the two runs wrote: checkpoints 10 and 20, checkpoint 20 of the resume, and each one's final model.
+        "checkpoint_bytes": _size(os.path.join(work, "e2e")) + _size(os.path.join(work, "e2e_resumed")),
+        "one_checkpoint_bytes": _size(checkpoint),
+    }
+    # The yardstick: the same run again, uninterrupted, launched beside the first (gpu_run.sh); on a GPU two runs with
+    # one seed may differ (not every CUDA kernel is deterministic), on a CPU they do not.
+    path = os.path.join(results, "e2e_repeat.log")
+    if os.path.exists(path):
+        repeat = training_logs(path)
+        assert len(repeat) == 20, f"the repeated run logged {len(repeat)} training steps, expected 20"
+        summary["loss_steps_11_20_repeat"] = [log["loss"] for log in repeat[10:]]
+        summary["max_abs_loss_difference_between_two_runs"] = max(
+            abs(a["loss"] - b["loss"]) for a, b in zip(train[10:], repeat[10:])
+        )
+        summary["first_step_two_runs_differ"] = next(
+            (i + 1 for i, (a, b) in enumerate(zip(train, repeat)) if _metrics_only(a) != _metrics_only(b)), None
+        )
+    with open(os.path.join(results, "e2e_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def pytest_check(xml: str, dry_run: bool) -> dict:
+    """The counts of pytest's JUnit XML; fails on a failure or an error, and on the GPU on a skip."""
+    root = ET.parse(xml).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {key: int(suite.get(key)) for key in ("tests", "failures", "errors", "skipped")}
+    assert counts["tests"] > 0 and counts["failures"] == counts["errors"] == 0, counts
+    if not dry_run:  # on the GPU nothing may skip (DeepSpeed included)
+        assert counts["skipped"] == 0, f"{counts['skipped']} GPU tests skipped: see pytest_gpu.log"
+    return counts
+
+
+def summary(results: str) -> str:
+    """summary.md: whatever the results folder holds, as the tables of research/docs/benchmarks.md's GPU section."""
+    lines = []
+    path = os.path.join(results, "env.json")
+    if os.path.exists(path):
+        env = json.load(open(path))
+        lines.append(
+            f"device: {env['device']}, driver {env.get('driver')}, CUDA {env['cuda']}, {env['date_utc']}, "
+            f"commit {env['commit']}, sources {env.get('source_sha256')}"
+        )
+        lines.append(f"versions: {env['versions']}")
+    path = os.path.join(results, "image.json")
+    if os.path.exists(path):
+        lines.append(f"image before the install: {json.load(open(path))}")
+    path = os.path.join(results, "stages.tsv")
+    if os.path.exists(path):
+        lines += ["", "| stage | exit status | seconds | deadline (s) |", "|---|---|---|---|"]
+        lines += ["| " + " | ".join(row.split("\t")) + " |" for row in open(path).read().splitlines() if row]
+    lines.append("")
+    path = os.path.join(results, "e2e_summary.json")
+    if os.path.exists(path):
+        e2e = json.load(open(path))
+        yardstick = e2e.get("max_abs_loss_difference_between_two_runs")
+        lines += [
+            f"e2e: {e2e['steps']} steps + resume of {e2e['resumed_steps']}, last step {e2e['last_step']}, "
+            f"max |loss difference| after resume {e2e['max_abs_loss_difference_after_resume']:.3g}"
+            + ("" if yardstick is None else f" (between two uninterrupted runs: {yardstick:.3g})")
+            + f", checkpoints {e2e['checkpoint_bytes'] / 2**20:.0f} MiB",
+            "",
+        ]
+    path = os.path.join(results, "pytest_gpu.log")
+    if os.path.exists(path):
+        tail = [line for line in open(path).read().splitlines() if line.strip()][-1:]
+        lines += [f"pytest: {tail[0] if tail else '?'}", ""]
+    if os.path.isdir(os.path.join(results, "learn")):  # the finished runs, also of a stage cut short by its deadline
+        if os.path.dirname(os.path.abspath(__file__)) not in sys.path:  # loaded by path (the tests)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from gpu_learn import summary as learning_summary
+
+        learning_summary(results)
+        lines += [open(os.path.join(results, "learning.md")).read().rstrip(), ""]
+    files = sorted(glob.glob(os.path.join(results, "bench_speed_*.json")))
+    if files:
+        lines += _bench_tables([json.load(open(path)) for path in files])
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(results, "summary.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def _spread(value: float, low, high, digits: int) -> str:
+    return f"{value:.{digits}f}" + ("" if low is None else f" [{low:.{digits}f}-{high:.{digits}f}]")
+
+
+def _bench_tables(reports: list[dict]) -> list[str]:
+    """The bench-speed reports as research/docs/benchmarks.md's tables: what was timed, the runs, the comparisons (medians and
+    [min-max] over the repeats), the targets, the loss alone and where a step's time goes."""
+    lines = ["What was timed (each bench-speed command):"]
+    runs = [
+        "",
+        "| completion tokens | training | run | step time (s) [min-max] | tokens/s | peak memory (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    ratios = [
+        "",
+        "| completion tokens | training | comparison | step time ratio [min-max] | peak memory ratio | "
+        "peak memory saved (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    targets, losses, breakdowns = [""], [""], []
+    for report in reports:
+        s = report["settings"]
+        head = f"| {s['completion_length']} | {'LoRA' if s['lora'] else 'full'} |"
+        title = head.strip("| ").replace(" | ", " tokens, ")
+        lines.append(f"- {title}: " + report.get("conditions", "(not recorded: bench-speed before 2026-11-26)"))
+        for name, run in report["runs"].items():
+            step = _spread(run["step_time_s"], run.get("step_time_min_s"), run.get("step_time_max_s"), 4)
+            runs.append(
+                f"{head} {name} | {step} | {run['tokens_per_s']:.0f} | {run['peak_memory_bytes'] / 2**20:.1f} |"
+            )
+        for label, r in report["ratios"].items():
+            ratio = _spread(r["step_time"], r.get("step_time_min"), r.get("step_time_max"), 3)
+            ratios.append(
+                f"{head} {label} | {ratio} | {r['peak_memory']:.3f} | {r['peak_memory_saved_bytes'] / 2**20:.1f} |"
+            )
+        if "targets" in report:
+            from rpg_research.cli.bench_speed_report import format_targets
+
+            band = report.get("noise_band")
+            targets.append(f"{title}: noise band (A/A) " + ("none" if band is None else f"1.00 ± {band:.3f}"))
+            targets += format_targets(report["targets"])[1:] + [""]
+        loss = report["loss_only"]
+        if loss is not None:
+            losses.append(
+                f"(c) loss alone ({title}), B={s['loss_batch']}, T={s['loss_length']}"
+                f"{', training mode' if loss.get('model_training') else ''}: RPG {loss['rpg_loss_s'] * 1e3:.2f} ms, "
+                f"GRPO {loss['grpo_loss_s'] * 1e3:.2f} ms, ratio {loss['ratio']:.3f}"
+            )
+        if all("breakdown_s" in run for run in report["runs"].values()):  # bench-speed since 2026-11-26
+            from rpg_research.cli.bench_speed_report import breakdown_table
+
+            breakdowns += ["", f"{title}:", "", breakdown_table(report["runs"])]
+    return lines + runs + ratios + targets + losses + breakdowns
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    command, rest = (argv[0], argv[1:]) if argv else ("", [])
+    if command == "env" and len(rest) == 2:
+        print(json.dumps(record_env(*rest)))
+    elif command == "e2e-inputs" and len(rest) == 1:
+        # RPG_E2E_MODEL=gpu: the GPU run's model in the dry run too (to measure what its checkpoints take on disk).
+        dry_run = os.environ.get("RPG_GPU_DRY_RUN", "0") not in ("", "0")
+        e2e_inputs(rest[0], tiny=dry_run and os.environ.get("RPG_E2E_MODEL") != "gpu")
+    elif command == "e2e-check" and len(rest) == 2:
+        print("e2e ok:", json.dumps(e2e_check(*rest)))
+    elif command == "pytest-check" and len(rest) == 2:
+        print("pytest:", pytest_check(rest[0], rest[1] == "1"))
+    elif command == "summary" and len(rest) == 1:
+        summary(rest[0])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,547 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""`rpg-trl bench-speed`: step time and peak memory of RPGTrainer against GRPOTrainer on the same batches.
+
+Generation is replaced by a deterministic `rollout_func` (TRL's public hook) that returns the same fixed-length
+completions to both trainers, so what is timed is everything a trainer does per optimizer step besides sampling:
+scoring (old and reference log-probs), the loss, the backward pass and the optimizer step; no vLLM, random weights
+(a Qwen3 built locally; `--vocab-size 151936` gives it Qwen3's vocabulary, so that the output layer and the log-softmax
+weigh what they weigh in a real model). Each configuration is repeated (`--repeats`, in an order rotated from repeat to
+repeat) and its per-step times saved; the report gives medians with their range over the repeats, and per-repeat
+RPG/GRPO ratios for
+
+* (A/A) GRPO against GRPO, the same run twice: its spread is the noise band of the other ratios,
+* (a) RPG with the sampling-policy anchor (one model) vs GRPO with `beta > 0` (policy + reference model): target, the
+  anchor saves >= 90 % of the measured reference pass and, with full fine-tuning, one copy of the weights,
+* (b) RPG with a reference model vs the same GRPO (equal settings): target, within the A/A band of 1.00,
+* (c) the loss alone on large tensors (default B=64, T=4096), in training mode ([`rpg_research.cli.bench_loss`]):
+  target, <= 1.05 x GRPO's,
+
+and where a step's time goes (each phase timed between device synchronisations), with the differences that explain a
+missed target (the report: [`rpg_research.cli.bench_speed_report`]). Peak memory is `torch.cuda.max_memory_allocated` on CUDA and the process's peak resident set size on
+CPU; so on CPU each run has its own process, and on CUDA the runs of one repeat share one (the previous trainer freed,
+the peak statistics reset before each), which saves a process start per run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .bench_speed_report import (
+    COMPARISONS,
+    PHASES,
+    conditions,
+    format_report,
+    ratios,
+    summarize,
+    targets,
+)
+
+
+SCENARIOS = {
+    # name: (trainer, config overrides)
+    "grpo-ref": ("grpo", {"beta": 1e-4}),
+    "grpo-ref-2": ("grpo", {"beta": 1e-4}),  # the A/A pair: the same run again
+    "rpg-sampling": ("rpg", {"beta": 1e-4, "kl_anchor": "sampling"}),
+    "rpg-reference": ("rpg", {"beta": 1e-4, "kl_anchor": "reference"}),
+}
+#: Qwen3's vocabulary (the tokenizer of every Qwen3 size): `--vocab-size` for a bench that weighs like a user's model.
+QWEN3_VOCAB_SIZE = 151_936
+
+
+def _peak_memory_bytes(device) -> int:
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
+
+
+def shared_model(opts, path) -> str:
+    """The benchmark's Qwen3 (hidden `opts.hidden_size` x `opts.num_layers`, vocabulary `opts.vocab_size` or the
+    character tokenizer's) saved at `path`: built there when `path` holds no model, else checked against the options
+    and reused (one model for all the workers of a command)."""
+    from rpg_research.toy.models import build_char_tokenizer, save_tiny_model
+
+    path = Path(path)
+    tokenizer = build_char_tokenizer()
+    vocab_size = opts.vocab_size or len(tokenizer)
+    config_file = path / "config.json"
+    if config_file.exists():
+        config = json.loads(config_file.read_text())
+        found = (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"])
+        positions = config["max_position_embeddings"]
+        if found != (opts.hidden_size, opts.num_layers, vocab_size) or positions < opts.completion_length + 64:
+            raise ValueError(
+                f"--model-dir {path} holds a model of hidden {found[0]} x {found[1]} layers, vocabulary {found[2]} and "
+                f"{positions} positions; this benchmark needs hidden {opts.hidden_size} x {opts.num_layers} layers, "
+                f"vocabulary {vocab_size} and at least {opts.completion_length + 64} positions: give an empty or new "
+                "folder"
+            )
+        return str(path)
+    return save_tiny_model(
+        path,
+        tokenizer,
+        hidden_size=opts.hidden_size,
+        num_hidden_layers=opts.num_layers,
+        num_attention_heads=max(opts.hidden_size // 64, 2),
+        num_key_value_heads=max(opts.hidden_size // 128, 1),
+        intermediate_size=4 * opts.hidden_size,
+        max_position_embeddings=max(opts.completion_length + 64, opts.max_positions or 0),
+        vocab_size=vocab_size,
+    )
+
+
+def _worker(opts) -> list[dict]:
+    """Train each scenario of `opts.scenarios_here` in turn, each for `opts.steps` optimizer steps on fixed rollouts,
+    the previous one freed first; return their timings and memory. Its temporary folder (the model, unless
+    `--model-dir` gives one, and the output folders) is removed at the end."""
+    import gc
+
+    import torch
+
+    workdir = Path(tempfile.mkdtemp(prefix="rpg-bench-"))
+    results = []
+    try:
+        for scenario in opts.scenarios_here:
+            resident = torch.cuda.memory_allocated() if opts.device == "cuda" else None
+            results.append({**_train_scenario(opts, scenario, workdir), "resident_before_bytes": resident})
+            gc.collect()
+            if opts.device == "cuda":
+                torch.cuda.empty_cache()
+        return results
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _train_scenario(opts, scenario: str, workdir: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from rpg_trl import RPGConfig, RPGTrainer
+    from rpg_research.toy.models import build_char_tokenizer
+    from rpg_research.toy.rollouts import make_fixed_rollout
+    from rpg_research.toy.training import activation_checkpointing
+
+    if opts.num_threads:
+        torch.set_num_threads(opts.num_threads)
+    kind, overrides = SCENARIOS[scenario]
+    use_cuda = opts.device == "cuda"
+    tokenizer = build_char_tokenizer()
+    model_dir = shared_model(opts, opts.model_dir or workdir / "model")
+    dataset = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
+
+    def reward(completions, **kwargs):
+        return [float(c.count("7")) for c in completions]
+
+    common = dict(
+        output_dir=str(workdir / scenario),
+        per_device_train_batch_size=opts.batch_size,
+        num_generations=opts.num_generations,
+        max_completion_length=opts.completion_length,
+        steps_per_generation=opts.steps_per_generation,
+        max_steps=opts.warmup + opts.steps,
+        learning_rate=1e-5,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        scale_rewards="none",
+        logging_steps=10_000,
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=not use_cuda,
+        bf16=use_cuda,
+        **activation_checkpointing(opts.gradient_checkpointing),
+        seed=0,
+        **overrides,
+    )
+    if kind == "grpo":
+        args, trainer_cls = GRPOConfig(**common), GRPOTrainer
+    else:
+        args, trainer_cls = RPGConfig(**common), RPGTrainer
+    peft_config = None
+    if opts.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=16, lora_alpha=32, target_modules="all-linear")
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    rollout = make_fixed_rollout(opts.completion_length, 2, len(tokenizer), seed=0)
+    trainer = trainer_cls(
+        model_dir,
+        reward,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        rollout_func=rollout,
+        peft_config=peft_config,
+    )
+
+    step_times: list[float] = []
+    phases = _PhaseTimer(trainer, use_cuda)
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            phases.sync()
+            phases.new_step()
+            self.start = time.perf_counter()
+
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            phases.sync()
+            self.optimizer_start = time.perf_counter()
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            phases.sync()
+            phases.add("optimizer step", time.perf_counter() - self.optimizer_start)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            phases.sync()
+            step_times.append(time.perf_counter() - self.start)
+
+    trainer.add_callback(Timer())
+    if use_cuda:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    # Whole generation cycles are timed (`run` rounds to multiples of steps_per_generation), so the scoring work done
+    # once per generation (old and reference log-probs) is spread over its steps as in a real run.
+    step_time = statistics.fmean(step_times[opts.warmup :])
+    breakdown = phases.mean_per_step(opts.warmup, step_time)
+    tokens = opts.batch_size * opts.completion_length * trainer.args.gradient_accumulation_steps
+    models = [trainer.model] + ([trainer.ref_model] if trainer.ref_model is not None else [])
+    result = {
+        "scenario": scenario,
+        "step_time_s": step_time,
+        "step_times_s": step_times,  # every step, the warm-up's first
+        "tokens_per_s": tokens / step_time,
+        "peak_memory_bytes": _peak_memory_bytes(trainer.accelerator.device),
+        "model_weight_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
+        "weights_in_memory_bytes": sum(p.numel() * p.element_size() for m in models for p in m.parameters()),
+        "has_ref_model": trainer.ref_model is not None,
+        "vocab_size": trainer.model.config.vocab_size,
+        "breakdown_s": breakdown,
+    }
+    trainer.accelerator.free_memory()  # the next scenario of this process starts from an empty device
+    del trainer, models  # a cycle with the callbacks and the phase timer: the caller collects it
+    return result
+
+
+class _PhaseTimer:
+    """Times the phases of [`PHASES`] in each optimizer step of `trainer` by wrapping, on the instance, TRL's scoring
+    (`_generate_and_score_completions`, and within it each log-prob pass, told apart by the model it runs: the
+    reference model, or the PEFT model with its adapter disabled or set to "ref"), `compute_loss` and the backward
+    pass; the optimizer step is added by the caller's callback."""
+
+    def __init__(self, trainer, use_cuda: bool):
+        self.trainer, self.use_cuda = trainer, use_cuda
+        self.steps: list[dict[str, float]] = []
+        self.scoring = False
+        self._wrap(trainer, "_generate_and_score_completions", self._scoring)
+        self._wrap(trainer, "_get_per_token_logps_and_entropies", self._logps)
+        self._wrap(trainer, "compute_loss", lambda call, args: self._timed("forward and loss", call))
+        self._wrap(trainer.accelerator, "backward", lambda call, args: self._timed("backward", call))
+
+    @staticmethod
+    def _wrap(owner, name, around):
+        inner = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            return around(lambda: inner(*args, **kwargs), args)
+
+        setattr(owner, name, wrapper)
+
+    def sync(self):
+        if self.use_cuda:
+            import torch
+
+            torch.cuda.synchronize()
+
+    def new_step(self):
+        self.steps.append(dict.fromkeys(PHASES, 0.0))
+
+    def add(self, phase: str, seconds: float):
+        if self.steps:
+            self.steps[-1][phase] += seconds
+
+    def _timed(self, phase, call):
+        self.sync()
+        start = time.perf_counter()
+        try:
+            return call()
+        finally:
+            self.sync()
+            self.add(phase, time.perf_counter() - start)
+
+    def _scoring(self, call, args):
+        self.scoring = True
+        self.sync()
+        start = time.perf_counter()
+        before = dict(self.steps[-1]) if self.steps else None
+        try:
+            return call()
+        finally:
+            self.scoring = False
+            self.sync()
+            elapsed = time.perf_counter() - start
+            if before is not None:
+                logps = sum(self.steps[-1][k] - before[k] for k in PHASES[:2])
+                self.add("scoring: rollout, rewards, rest", elapsed - logps)
+
+    def _logps(self, call, args):
+        if not self.scoring:  # the training forward pass: part of `compute_loss`
+            return call()
+        phase = PHASES[1] if self._is_reference(args[0]) else PHASES[0]
+        return self._timed(phase, call)
+
+    def _is_reference(self, model) -> bool:
+        trainer = self.trainer
+        if trainer.ref_model is not None:
+            return model is trainer.ref_model
+        inner = trainer.accelerator.unwrap_model(model)
+        if not hasattr(inner, "peft_config"):
+            return False
+        from peft.tuners.tuners_utils import BaseTunerLayer
+
+        layer = next((m for m in inner.modules() if isinstance(m, BaseTunerLayer)), None)
+        return layer is not None and (layer.disable_adapters or "ref" in layer.active_adapters)
+
+    def mean_per_step(self, warmup: int, step_time: float) -> dict[str, float]:
+        """Each phase's mean seconds per timed step (the steps after `warmup`); the rest is `step_time` less them."""
+        timed = self.steps[warmup:]
+        means = {phase: statistics.fmean(step[phase] for step in timed) for phase in PHASES[:-1]}
+        means[PHASES[-1]] = step_time - sum(means.values())
+        return means
+
+
+def plan(scenarios: list[str], repeats: int, one_process_per_run: bool) -> list[list[str]]:
+    """The worker processes of a command, in order, each the list of scenarios it runs in turn: repeat r runs
+    `scenarios` rotated by r (so that no run is always first), in one process, or each run in its own."""
+    processes = []
+    for r in range(repeats):
+        k = r % len(scenarios)
+        order = scenarios[k:] + scenarios[:k]
+        processes += [[name] for name in order] if one_process_per_run else [order]
+    return processes
+
+
+def _run_worker(opts, scenarios: list[str], model_dir: str) -> list[dict]:
+    cmd = [sys.executable, "-m", "rpg_research.cli.bench_speed", "--_worker", ",".join(scenarios)]
+    cmd += _forwarded_flags(opts) + [f"--model-dir={model_dir}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=opts.timeout * len(scenarios))
+    if out.returncode != 0:
+        raise RuntimeError(f"bench-speed worker for {scenarios} failed:\n{out.stderr[-4000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _forwarded_flags(opts) -> list[str]:
+    flags = [
+        f"--device={opts.device}",
+        f"--hidden-size={opts.hidden_size}",
+        f"--num-layers={opts.num_layers}",
+        f"--completion-length={opts.completion_length}",
+        f"--batch-size={opts.batch_size}",
+        f"--num-generations={opts.num_generations}",
+        f"--steps-per-generation={opts.steps_per_generation}",
+        f"--steps={opts.steps}",
+        f"--warmup={opts.warmup}",
+    ]
+    if opts.vocab_size:
+        flags.append(f"--vocab-size={opts.vocab_size}")
+    if opts.num_threads:
+        flags.append(f"--num-threads={opts.num_threads}")
+    if opts.lora:
+        flags.append("--lora")
+    if opts.gradient_checkpointing:
+        flags.append("--gradient-checkpointing")
+    return flags
+
+
+def environment(device: str) -> dict:
+    """Where and when the numbers were measured: device name, versions, UTC date, and the machine as every command
+    records it ([`rpg_research.cli.machine`]: the CPU model, the ATen kernels, the torch threads, the package versions)."""
+    import torch
+    import trl
+
+    from . import machine
+
+    host = machine()
+    cuda = device == "cuda" and torch.cuda.is_available()
+    return {
+        "device_name": torch.cuda.get_device_name() if cuda else host["cpu"],
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda if cuda else None,
+        "trl": trl.__version__,
+        "cpu_capability": host["cpu_capability"],
+        "date_utc": host["date_utc"],
+        "machine": host,
+    }
+
+
+def run(opts) -> dict:
+    """Run the benchmark described by the parsed `opts` and print a markdown report; returns the results dict."""
+    from tqdm.auto import tqdm
+
+    from .bench_loss import loss_only
+
+    if opts.quick:
+        opts.repeats, opts.steps, opts.warmup = 1, 2, 1
+        opts.hidden_size, opts.num_layers, opts.completion_length = 64, 2, 32
+        opts.loss_batch, opts.loss_length, opts.loss_repeats, opts.loss_warmup, opts.loss_number = 8, 256, 2, 1, 2
+    spg = opts.steps_per_generation
+    opts.steps, opts.warmup = -(-opts.steps // spg) * spg, -(-opts.warmup // spg) * spg
+    scenarios = _scenarios(opts.scenarios)
+    # The CPU's peak memory (the process's peak RSS) cannot be reset: a process per run, but with --quick (a check that
+    # the command works, which runs the CUDA way: every run of a repeat in one process).
+    one_process_per_run = opts.device != "cuda" and not opts.quick
+    runs: dict[str, list[dict]] = {name: [] for name in scenarios}
+    # One saved model for every worker (each used to build and save its own: 1.76 GB at hidden 1024 x 28 layers).
+    scratch = None if opts.model_dir else tempfile.mkdtemp(prefix="rpg-bench-model-")
+    try:
+        model_dir = shared_model(opts, opts.model_dir or Path(scratch) / "model")
+        processes = plan(scenarios, opts.repeats, one_process_per_run)
+        for names in tqdm(processes, desc="bench-speed", unit="process"):
+            for result in _run_worker(opts, names, model_dir):
+                runs[result["scenario"]].append(result)
+    finally:
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+    summary = {name: summarize(results) for name, results in runs.items()}
+    report = {"settings": settings(opts), "environment": environment(opts.device), "runs": summary}
+    vocab_size = summary[scenarios[0]]["vocab_size"]
+    report["conditions"] = conditions(opts, vocab_size, one_process_per_run)
+    report["per_repeat"] = {name: [r["step_times_s"] for r in results] for name, results in runs.items()}
+    report["ratios"] = ratios(runs)
+    aa = report["ratios"].get(COMPARISONS[0][0])
+    report["noise_band"] = None if aa is None or opts.repeats < 2 else aa["band"]
+    report["loss_only"] = loss_only(opts) if opts.loss_repeats > 0 else None  # --loss-repeats 0: not measured
+    report["targets"] = targets(
+        summary, runs, report["ratios"], report["noise_band"], report["loss_only"], opts.lora, opts.device == "cuda"
+    )
+    text = format_report(report, opts)
+    print(text)
+    if opts.output_json:
+        Path(opts.output_json).write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _scenarios(names) -> list[str]:
+    names = list(SCENARIOS) if not names else [n for n in names.split(",") if n]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or "grpo-ref" not in names:
+        raise ValueError(f"--scenarios {names}: give names among {list(SCENARIOS)}, grpo-ref (the baseline) included")
+    return names
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: checks that the command works")
+    parser.add_argument("--device", default="cuda" if _cuda_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="repeats of each run, in rotated order (medians and ranges reported)"
+    )
+    parser.add_argument(
+        "--scenarios",
+        default=None,
+        help=f"comma-separated runs among {list(SCENARIOS)} (default all; grpo-ref, the baseline, always included)",
+    )
+    parser.add_argument("--steps", type=int, default=6, help="timed optimizer steps per process")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps first")
+    parser.add_argument("--hidden-size", type=int, default=256)
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        default=None,
+        help=f"rows of the model's vocabulary (default: the character tokenizer's; {QWEN3_VOCAB_SIZE} is Qwen3's)",
+    )
+    parser.add_argument("--num-layers", type=int, default=4)
+    parser.add_argument("--completion-length", type=int, default=128)
+    parser.add_argument(
+        "--max-positions",
+        type=int,
+        default=None,
+        help="positions of the model built in --model-dir (default: the completion length + 64; the longest of the "
+        "commands that share the folder, so that one model serves them all)",
+    )
+    parser.add_argument("--batch-size", type=int, default=8, help="completions per micro-batch")
+    parser.add_argument("--num-generations", type=int, default=4)
+    parser.add_argument("--steps-per-generation", type=int, default=2)
+    parser.add_argument("--lora", action="store_true", help="train a LoRA adapter instead of the full model")
+    parser.add_argument("--gradient-checkpointing", action="store_true")
+    parser.add_argument("--loss-batch", type=int, default=64, help="B of the loss-only benchmark (c)")
+    parser.add_argument("--loss-length", type=int, default=4096, help="T of the loss-only benchmark (c)")
+    parser.add_argument(
+        "--loss-repeats", type=int, default=15, help="timed rounds of each loss (alternating); 0: (c) not measured"
+    )
+    parser.add_argument("--loss-number", type=int, default=10, help="calls per round (their mean is the round's time)")
+    parser.add_argument("--loss-warmup", type=int, default=2, help="untimed rounds first")
+    parser.add_argument(
+        "--num-threads", type=int, default=None, help="torch CPU threads per process (default: torch's own choice)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=int,
+        default=1800,
+        help="seconds allowed to each run (a worker process: this per run it holds)",
+    )
+    parser.add_argument(
+        "--model-dir",
+        default=None,
+        help="the saved model every worker loads: built there if the folder holds none, else checked and reused, and "
+        "kept (several commands can share it); default: one temporary folder for the command, removed at its end",
+    )
+    parser.add_argument("--output-json", default=None, help="also write the results as JSON here")
+
+
+def settings(opts) -> dict:
+    """The benchmark's options (those [`add_arguments`] declares) from parsed `opts`, for the JSON report: the
+    `rpg-trl` command line adds entries of its own to the namespace (the subcommand, its `run` function)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return {name: getattr(opts, name) for name in vars(parser.parse_args([]))}
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register `bench-speed` on the `rpg-trl` command line."""
+    parser = subparsers.add_parser("bench-speed", help="step time and peak memory of RPGTrainer vs GRPOTrainer")
+    add_arguments(parser)
+    return parser
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return False
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="python -m rpg_research.cli.bench_speed", description=__doc__.splitlines()[0]
+    )
+    add_arguments(parser)
+    parser.add_argument("--_worker", default=None, help=argparse.SUPPRESS)  # the scenarios of one process
+    opts = parser.parse_args(argv)
+    if opts._worker:
+        opts.scenarios_here = opts._worker.split(",")
+        import logging
+
+        logging.disable(logging.WARNING)
+        print(json.dumps(_worker(opts)))
+        return
+    run(opts)
+
+
+if __name__ == "__main__":
+    main()

@@ -159,6 +159,54 @@ def test_rpg_math_one_process_lora_with_periodic_eval(lora_run):
     assert (output_dir / "adapter_config.json").is_file() and (output_dir / "tokenizer.json").is_file()
 
 
+def _readme_command(config_file: str) -> list[str]:
+    """The README's `accelerate launch --config_file accelerate_configs/CONFIG_FILE ...` line, split into words."""
+    import shlex
+
+    prefix = f"accelerate launch --config_file accelerate_configs/{config_file} "
+    (line,) = [line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith(prefix)]
+    return shlex.split(line)
+
+
+@pytest.mark.slow
+def test_the_readme_lora_command_trains_a_tiny_model_on_cpu(assets):
+    """The README's LoRA-on-one-GPU command, as written (its accelerate config and recipe), with only what a CPU and
+    a tiny model need changed on the command line: the launcher's precision, the model and data, the recipe's GPU-only
+    settings (bf16, vLLM, fused AdamW) and its batch scaled down. It trains the recipe's rank-64 adapter."""
+    import yaml
+
+    words = _readme_command("single_gpu.yaml")
+    assert words[:4] == ["accelerate", "launch", "--config_file", "accelerate_configs/single_gpu.yaml"]
+    script, flag, recipe = words[4:]
+    assert (script, flag) == ("examples/rpg_math.py", "--config") and "lora" in recipe
+    settings = yaml.safe_load((ROOT / recipe).read_text())
+    assert settings["use_peft"] is True and settings["lora_r"] == 64
+    output_dir = assets["root"] / "readme-lora"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / words[3])]
+    command += ["--cpu", "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / script), "--config"]
+    command += [str(ROOT / recipe)]
+    command += [  # the tiny model and data; a batch of 8 completions, 2 optimizer steps per generation
+        "--model_name_or_path", assets["model"], "--train_dataset", assets["train"], "--eval_datasets", assets["eval"],
+        "--output_dir", str(output_dir), "--max_steps", "2", "--warmup_steps", "0", "--num_generations", "4",
+        "--generation_batch_size", "16", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "1",
+        "--max_completion_length", "16", "--overlong_buffer", "16", "--dynamic_sampling_max_rounds", "2",
+        "--eval_steps", "2", "--num_generations_eval", "2", "--per_device_eval_batch_size", "4", "--save_steps", "2",
+        "--logging_steps", "1", "--learning_rate", "1e-3",
+    ]  # fmt: skip
+    command += [  # what a CPU does not have
+        "--use_cpu", "true", "--bf16", "false", "--dtype", "float32", "--use_vllm", "false", "--optim", "adamw_torch",
+        f"--{next(iter(no_activation_checkpointing()))}", "false", "--disable_tqdm", "true",
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT, env=ENV, cwd=assets["root"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert "RPG-REINFORCE-URKL" in result.stdout and "with 1 process(es)" in result.stdout
+    logs = _logged(result.stdout)
+    assert sum("loss" in log for log in logs) == 2
+    adapter = json.loads((output_dir / "adapter_config.json").read_text())
+    assert adapter["r"] == 64 and adapter["lora_alpha"] == 128  # the recipe's adapter, not a default one
+    assert (output_dir / "checkpoint-2" / "adapter_model.safetensors").is_file()
+
+
 def test_rpg_math_two_processes(assets):
     # `accelerate launch --cpu` starts one process unless MPI is set up; `--multi_gpu` wraps torchrun, and the
     # trainer (`--use_cpu`) then joins a gloo process group on CPU.

@@ -57,6 +57,7 @@ def test_local_worker_refuses_bad_values(tiny_model_dir):
         make_worker(tiny_model_dir, samples_per_step=6)
 
 
+@pytest.mark.slow
 def test_import_rpg_trl_does_not_import_trl_experimental():
     """`trl.experimental` warns when imported: `import rpg_trl` leaves it alone, the attribute loads it on use."""
     code = "import sys, rpg_trl; assert 'trl.experimental' not in sys.modules, 'imported'"
@@ -389,6 +390,7 @@ def test_bench_async_refuses_bad_arguments():
         BenchAsyncArguments(methods=["PPO"])
 
 
+@pytest.mark.slow
 def test_waiting_on_an_empty_rollout_queue_names_a_dead_vllm_server(tmp_path):
     """While the trainer waits on an empty rollout queue, TRL polls the rollout worker's health; AsyncRPGTrainer adds a
     probe of the vLLM server there, so a dead server is named at once (TRL's worker would retry its requests first).

@@ -55,6 +55,7 @@ def _end(process: subprocess.Popen, pids) -> None:
     process.communicate()
 
 
+@pytest.mark.slow
 def test_a_sigterm_to_pytest_ends_the_sessions_its_tests_started(tmp_path):
     """pytest runs tests/helpers/sigterm_probe.py, whose test starts a session of its own as the vLLM server fixture
     does (a shell and its sleeping child) and a plain child, then sleeps. A SIGTERM to pytest ends it within seconds
@@ -85,6 +86,7 @@ def test_a_sigterm_to_pytest_ends_the_sessions_its_tests_started(tmp_path):
         _end(pytest_run, pids)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ignores_sigterm", [False, True], ids=["ends-on-sigterm", "ignores-sigterm"])
 def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_path, ignores_sigterm):
     """`.ci/run` in a copy of the repository's `.ci/` with stand-ins (as in tests/test_docs.py): `pip` and the README

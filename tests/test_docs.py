@@ -41,8 +41,9 @@ def test_the_readme_opens_with_the_two_set_up_commands():
     lines = (ROOT / "README.md").read_text().splitlines()
     block = lines[lines.index("```bash") + 1 : lines.index("```")]
     assert len(block) == 2
-    assert block[0].startswith("pip install torch==2.13.0 && pip install -e . && rpg-trl demo")
-    assert block[1].startswith('pip install torch==2.13.0 && pip install -e ".[test]" && python -m pytest -q')
+    assert block[0].startswith("pip install torch==2.13.0 && pip install -e . -e ./research && rpg-trl demo")
+    assert block[1].startswith('pip install torch==2.13.0 && pip install -e ".[test]" -e ./research && python -m pytest')
+    assert '-m "not slow"' in block[1]  # the fast tier; .ci/run runs the slow one after it
     # CI runs the README's test command exactly as written (before its comment).
     ci = (ROOT / ".ci" / "run").read_text()
     assert f"README_TEST='{block[1].split('#')[0].strip()}'" in ci
@@ -54,6 +55,7 @@ def test_no_document_cites_files_outside_the_repository():
         assert "RPG_SPEC" not in path.read_text(), f"{path.relative_to(ROOT)} cites a file outside the repository"
 
 
+@pytest.mark.slow
 def test_ci_stops_its_background_jobs_and_names_the_first_failure(tmp_path):
     """`.ci/run` in a copy of the repository's `.ci/` with stand-ins: `pip` succeeds, `python` fails under
     `ATEN_CPU_CAPABILITY` (the second test run), and the background jobs (`.ci/vllm install`, `.ci/wheel`,
@@ -100,9 +102,10 @@ def test_ci_stops_its_background_jobs_and_names_the_first_failure(tmp_path):
                 pytest.fail(f"the background job {name} left process {pid} running")
 
 
-def test_the_readme_fits_160_lines():
-    # The front page holds install, the quick start, one line per result and links; the detail lives in docs/.
-    assert len((ROOT / "README.md").read_text().splitlines()) <= 160
+def test_the_readme_fits_120_lines():
+    # The front page holds install, the card's three paths, which options to choose and links; the detail lives in
+    # docs/, the results in research/docs/.
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 120
 
 
 #: Each GPU step-time ratio of bench-speed quoted on the front pages, and what it must say it was measured under
@@ -121,7 +124,7 @@ GPU_CONDITIONS = {
 }
 
 
-@pytest.mark.parametrize("page", ["README.md", "CHANGELOG.md"])
+@pytest.mark.parametrize("page", ["README.md", "research/README.md", "CHANGELOG.md"])
 def test_each_gpu_step_time_figure_carries_its_conditions(page):
     paragraphs = re.split(r"\n(?=- |\n)", (ROOT / page).read_text())
     quoted = 0
@@ -131,8 +134,9 @@ def test_each_gpu_step_time_figure_carries_its_conditions(page):
             flat = " ".join(paragraph.split())
             missing = [c for c in conditions if c not in flat]
             assert not missing, f"{page}: the GPU figure {figure} does not say {missing}: {flat[:200]}"
-    assert quoted, f"{page} no longer quotes a GPU step-time ratio: update this test"
+    if page == "CHANGELOG.md":
+        assert quoted, f"{page} no longer quotes a GPU step-time ratio: update this test"
     from rpg_research.toy import build_char_tokenizer
 
     assert len(build_char_tokenizer()) == 28  # bench-speed's model reads the toy character tokenizer
-    assert "--vocab-size 151936" in (ROOT / "examples" / "gpu_run.sh").read_text()  # the second run's vocabulary
+    assert "--vocab-size 151936" in (ROOT / "research" / "gpu" / "gpu_run.sh").read_text()  # the second run's vocabulary

@@ -425,6 +425,7 @@ def test_a_resumed_run_draws_the_replacement_prompts_the_interrupted_one_would_h
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_two_processes_draw_disjoint_replacement_prompts_from_one_stream(tiny_model_dir, tmp_path):
     """Two gloo processes (tests/helpers/dynamic_sampling_two_proc.py): the data loader's prompts are gathered from
     both, the stream is the same on both, each takes its own slice: no prompt twice in the generation batch, across

@@ -143,6 +143,7 @@ def lora_run(assets):
     return result, output_dir
 
 
+@pytest.mark.slow
 def test_rpg_math_one_process_lora_with_periodic_eval(lora_run):
     result, output_dir = lora_run
     assert "RPG-REINFORCE-URKL" in result.stdout and "with 1 process(es)" in result.stdout
@@ -207,6 +208,7 @@ def test_the_readme_lora_command_trains_a_tiny_model_on_cpu(assets):
     assert (output_dir / "checkpoint-2" / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_rpg_math_two_processes(assets):
     # `accelerate launch --cpu` starts one process unless MPI is set up; `--multi_gpu` wraps torchrun, and the
     # trainer (`--use_cpu`) then joins a gloo process group on CPU.
@@ -346,6 +348,7 @@ def test_score_and_table_from_hand_made_responses():
     assert "| set | 2 | 0.6250 | 0.6250 | 0.9167 |" in table
 
 
+@pytest.mark.slow
 def test_eval_math_scores_the_trained_lora_model(lora_run, assets, tmp_path):
     _, model_dir = lora_run
     from trl import TrlParser
@@ -432,6 +435,7 @@ def test_accelerate_config_loads(path):
     assert config.mixed_precision == "bf16" and config.num_processes >= 1
 
 
+@pytest.mark.slow
 def test_slurm_script_is_valid_bash():
     script = ROOT / "accelerate_configs" / "slurm_multinode.sbatch"
     assert subprocess.run(["bash", "-n", str(script)], capture_output=True).returncode == 0

@@ -112,6 +112,7 @@ def _logs_after(history, step):
     return [{k: v for k, v in h.items() if k not in NOT_TRAINING_STATE} for h in history if h["step"] > step]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scenario", list(crash_worker.SCENARIOS))
 def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
     interrupted_runs, tiny_model_dir, tmp_path, scenario
@@ -144,6 +145,7 @@ def test_sigkill_then_resume_continues_exactly_like_an_uninterrupted_run(
         assert state["AdaptiveKLCallback"]["attributes"]["beta"] == betas[4]
 
 
+@pytest.mark.slow
 def test_resume_without_the_saved_generation_state_warns_and_is_not_exact(
     interrupted_runs, tiny_model_dir, tmp_path, caplog
 ):
@@ -171,6 +173,7 @@ def _crash_in_save(model_dir, run_dir, scenario, kill):
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-4000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "point, scenario",
     [
@@ -225,6 +228,7 @@ def test_a_run_killed_inside_a_save_resumes_exactly_from_the_last_complete_check
     assert str(checkpoint) in cleared and "rng_state_1.pth" in cleared
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_a_save_is_named_and_the_previous_checkpoint_stays_complete(
     interrupted_runs, tiny_model_dir, tmp_path, monkeypatch
 ):
@@ -295,6 +299,7 @@ class LocalHub:
             self.snapshots.append(snapshot)
 
 
+@pytest.mark.slow
 def test_a_checkpoint_pushed_to_the_hub_is_the_committed_one_and_resumes_exactly(
     interrupted_runs, tiny_model_dir, tmp_path, monkeypatch
 ):

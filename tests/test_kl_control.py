@@ -223,6 +223,7 @@ def test_a_cpu_run_holds_the_kl_near_each_target(tmp_path):
     assert cli.main(["kl-budget", "--targets", "0.1", "-1"]) == 2  # a clear error, no traceback
 
 
+@pytest.mark.slow
 def test_two_processes_reach_the_same_beta_as_one(tiny_model_dir, tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])

@@ -537,6 +537,7 @@ def test_resume_after_sync_continues_like_an_uninterrupted_run(tiny_model_dir, t
 # ------------------------------------------------------------------------------------------------ two processes
 
 
+@pytest.mark.slow
 def test_two_processes_sync_alike_save_on_the_main_process_only_and_resume_on_both(tiny_model_dir, tmp_path):
     # torchrun, the launcher `accelerate launch --multi_gpu` wraps; accelerate then joins a gloo group on CPU.
     command = [
@@ -576,6 +577,7 @@ def test_two_processes_sync_alike_save_on_the_main_process_only_and_resume_on_bo
         assert report["resumed_final_reference_checksum"] == pytest.approx(main["reference_checksum"], rel=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed (`pip install deepspeed`)")
 def test_real_zero3_sync_gathers_one_pair_and_saves_on_rank_0(tmp_path):
     # DeepSpeed's CPU accelerator over gloo: the weight functions under real ZeRO-3 partitioning.

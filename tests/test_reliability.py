@@ -424,6 +424,7 @@ def test_property_guarded_rewards_are_finite_float32_or_none(values):
 
 
 # ==================================================================================================== teardown
+@pytest.mark.slow
 def test_hold_is_idempotent_and_the_group_is_destroyed_before_the_interpreter_exits():
     ports = [free_port(), free_port()]
     script = f"""
@@ -647,6 +648,7 @@ def test_the_other_process_waits_main_process_exit_timeout_and_names_it(monkeypa
     process_failure._WATCHERS.clear()
 
 
+@pytest.mark.slow
 def test_on_its_machine_a_watcher_waits_for_the_main_process_itself_to_end(monkeypatch, capsys):
     """The main process marks its exit from an `atexit` handler, before its interpreter shuts down, which can take
     seconds on a loaded machine (process 1, ending a fixed 5 s after the mark, was named by the launcher as the root
@@ -759,6 +761,7 @@ def test_store_calls_whose_failure_costs_time_are_named(monkeypatch, caplog):
     process_failure._WATCHERS.clear()
 
 
+@pytest.mark.slow
 def test_two_trainers_in_one_process_group_have_their_own_failure_record(monkeypatch):
     """Trainers are numbered as a process builds them: the failure posted by the first trainer's main process is seen
     by the first trainer's watcher, not the second's, and each main process waits for its own watchers only. A watcher

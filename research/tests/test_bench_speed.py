@@ -42,6 +42,7 @@ def test_both_entry_points_record_the_same_settings():
     json.dumps(settings(from_cli))
 
 
+@pytest.mark.slow
 def test_bench_speed_quick_writes_its_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(

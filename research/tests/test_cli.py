@@ -91,6 +91,7 @@ def test_options_from_a_yaml_config_file(tmp_path):
     assert (args.command, args.steps, args.seed, args.sft_steps) == ("demo", 7, 6, None)
 
 
+@pytest.mark.slow
 def test_console_script_help():
     result = subprocess.run(
         [sys.executable, "-m", "rpg_research.cli", "--help"], capture_output=True, text=True, timeout=120, check=True
@@ -305,6 +306,7 @@ def test_a_long_task_run_trains_on_its_rows_and_records_them(tmp_path):
         assert 0.0 < row["s_p05"] <= row["s_p50"] <= row["s_p95"] <= 1.0
 
 
+@pytest.mark.slow
 def test_bench_algos_quick(tmp_path, capsys):
     output_dir = tmp_path / "bench"
     assert cli.main(["bench-algos", "--quick", "--output-dir", str(output_dir)]) == 0

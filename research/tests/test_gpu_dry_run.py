@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SUBSET = "urkl-reinforce or lora_one_gpu"
 
 
+@pytest.mark.slow
 def test_gpu_suite_dry_run_on_cpu(tmp_path):
     report = tmp_path / "report.xml"
     env = {**os.environ, "RPG_GPU_DRY_RUN": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}

@@ -104,6 +104,7 @@ def test_jobs_are_cached_by_their_specification(tmp_path):
     assert CALLS == [2, 3, 5, 3]
 
 
+@pytest.mark.slow
 def test_jobs_in_worker_processes_equal_jobs_in_this_process(tmp_path):
     jobs = [({"x": x}, str(tmp_path / f"job{x}")) for x in range(4)]
     with protocol.job_pool(2) as pool:

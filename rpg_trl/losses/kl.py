@@ -154,6 +154,25 @@ DIVERGENCES = tuple(name for name, term in KL_TERMS.items() if term.importance_w
 KL_LEVELS = ("token", "sequence")
 
 
+@dataclass(frozen=True)
+class ControlledKL:
+    """The KL estimate that β weighs at one KL level, named as the loss's metrics name it ([`rpg_loss`]): the metric
+    `metric` is a mean over `count` units (active tokens, or completions with at least one active token), so that a sum
+    over micro-batches and processes is ``Σ metric·count / Σ count``. The adaptive KL coefficient holds this estimate
+    near its target."""
+
+    metric: str  #: ``"kl"`` (token mean of the per-token estimate) or ``"kl/sequence"`` (completion mean)
+    count: str  #: ``"num_tokens"`` or ``"num_sequences"``: the metric's denominator
+
+
+#: The KL that β weighs, per KL level: per token, the token mean of ``S``; over whole completions, the completion mean
+#: of the whole-completion estimate.
+CONTROLLED_KL = {
+    "token": ControlledKL("kl", "num_tokens"),
+    "sequence": ControlledKL("kl/sequence", "num_sequences"),
+}
+
+
 #: The default of `kl_clip_mode` (a key of [`KL_CLIP_MODES`]), chosen on the KL table of docs/bench_algos.md.
 DEFAULT_KL_CLIP_MODE = "truncated"
 

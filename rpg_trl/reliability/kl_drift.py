@@ -60,10 +60,18 @@ class KLDriftMonitor:
         clip_c (`float`): the dual-clip bound c of the second signature.
         settings (`dict`): the configuration values the warning names (e.g. `kl_clip_mode`, `beta`, `learning_rate`).
         min_kl (`float`): the floor: no warning while the latest period's mean KL is below it.
+        kl_can_push_away (`bool`): whether the loss's KL weight can push the policy away from the reference on some
+            token ([`~rpg_trl.losses.RPGLossSpec.kl_can_push_away`]); the warning then advises a `kl_clip_mode` that
+            keeps the sign.
     """
 
     def __init__(
-        self, steps_per_generation: int, clip_c: float, settings: dict | None = None, min_kl: float = KL_FLOOR
+        self,
+        steps_per_generation: int,
+        clip_c: float,
+        settings: dict | None = None,
+        min_kl: float = KL_FLOOR,
+        kl_can_push_away: bool = False,
     ):
         # A period: whole generation batches, at least MIN_PERIOD_STEPS optimizer steps.
         steps_per_generation = max(1, int(steps_per_generation))
@@ -71,6 +79,7 @@ class KLDriftMonitor:
         self.clip_c = clip_c
         self.min_kl = float(min_kl)
         self.settings = dict(settings or {})
+        self.kl_can_push_away = bool(kl_can_push_away)
         #: Finished generation batches: dicts with the mean `kl`, mean `entropy` and largest weight.
         self.batches: list[dict] = []
         self._current: int | None = None
@@ -154,10 +163,11 @@ class KLDriftMonitor:
                 f"clip_c = {bound:g}, twice in a row"
             )
         advice = []
-        if self.settings.get("kl_clip_mode") == "clipped":
+        if self.kl_can_push_away:
+            mode = self.settings.get("kl_clip_mode", "?")
             advice.append(
-                "kl_clip_mode='clipped' (Algorithm 1's reading) can push tokens away from the reference: use "
-                "kl_clip_mode='truncated' (the default) or 'exact'"
+                f"kl_clip_mode={mode!r} can push tokens away from the reference: use kl_clip_mode='truncated' (the "
+                "default) or 'exact'"
             )
         advice.append(
             f"lower learning_rate (now {self.settings.get('learning_rate', '?')}) or steps_per_generation (now "
@@ -188,7 +198,8 @@ class KLDriftMonitor:
 class KLDriftMonitorMixin:
     """Feeds the trainer's training log entries to a [`KLDriftMonitor`] when the KL is anchored to a reference model
     with β > 0 and `args.kl_drift_warning` is on. Goes before the TRL trainer in a class line; reads `args.kl_anchor`,
-    `args.beta`, `args.kl_drift_warning`, `args.kl_drift_min_kl` and the settings the warning names. An asynchronous
+    `args.beta`, `args.kl_drift_warning`, `args.kl_drift_min_kl`, the settings the warning names and the trainer's
+    loss specification (`self.loss_spec`, an [`~rpg_trl.losses.RPGLossSpec`]). An asynchronous
     trainer, which has no generation batches, watches periods of [`MIN_PERIOD_STEPS`] optimizer steps."""
 
     def __init__(self, *args, **kwargs):
@@ -217,6 +228,7 @@ class KLDriftMonitorMixin:
                     )
                 },
                 min_kl=getattr(config, "kl_drift_min_kl", KL_FLOOR),
+                kl_can_push_away=self.loss_spec.kl_can_push_away(separate_reference=True),
             )
 
     def train(self, *args, **kwargs):

@@ -38,12 +38,14 @@ from ._kl_callback import KLFedCallback, rule_attribute
 from .losses import CONTROLLED_KL
 
 
-__all__ = ["KL_ERROR_CLIP", "AdaptiveKLCallback", "AdaptiveKLController"]
+__all__ = ["KL_ERROR_CLIP", "AdaptiveKLCallback", "AdaptiveKLController", "check_kl_control_arguments"]
 
 logger = logging.get_logger(__name__)
 
 #: The proportional error is clipped to ±0.2 (Ziegler et al., 2019; verl; OpenRLHF).
 KL_ERROR_CLIP = 0.2
+#: The horizon H (in samples) when `kl_horizon` is None: verl's and OpenRLHF's default.
+DEFAULT_HORIZON = 10000.0
 #: The state exported to `trainer_state.json`.
 STATE_ATTRIBUTES = ("beta", "last_kl", "num_updates")
 
@@ -54,6 +56,56 @@ def _positive(name: str, value, allow_none: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < value < math.inf):
         suffix = " or None" if allow_none else ""
         raise ValueError(f"`{name}` must be a finite number > 0{suffix}; got {value!r}.")
+
+
+def check_kl_control_arguments(
+    beta: float,
+    kl_target: float | None,
+    kl_horizon: float | None,
+    kl_beta_min: float | None,
+    kl_beta_max: float | None,
+    samples_per_step: int,
+) -> float | None:
+    """Check a configuration's KL-budget fields (`ValueError` naming the field, the allowed values and the fix) and
+    return the horizon to use: `kl_horizon`, or 10000 when `kl_target` is set and `kl_horizon` is None.
+    `samples_per_step`: the samples of one optimizer step (per_device_train_batch_size × gradient_accumulation_steps ×
+    processes)."""
+    fields = {"kl_target": kl_target, "kl_horizon": kl_horizon, "kl_beta_min": kl_beta_min, "kl_beta_max": kl_beta_max}
+    if kl_target is None:
+        for name, value in fields.items():
+            if value is not None:
+                raise ValueError(
+                    f"`{name}` sets the adaptive KL coefficient, which only acts with `kl_target`; set `kl_target` "
+                    f"(the KL to hold) or leave `{name}` unset."
+                )
+        return kl_horizon
+    for name, value in fields.items():
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value < math.inf
+        ):
+            raise ValueError(f"`{name}` must be a finite number > 0 or None; got {value!r}.")
+    horizon = DEFAULT_HORIZON if kl_horizon is None else kl_horizon
+    if beta == 0.0:
+        raise ValueError(
+            "`kl_target` needs `beta > 0`: `beta` is the initial coefficient of the adaptive controller, which "
+            "multiplies it and so cannot leave 0. Set `beta` to a starting value (the paper uses 1e-4)."
+        )
+    low = 0.0 if kl_beta_min is None else kl_beta_min
+    high = math.inf if kl_beta_max is None else kl_beta_max
+    if low > high:
+        raise ValueError(f"`kl_beta_min` ({kl_beta_min}) must be <= `kl_beta_max` ({kl_beta_max}).")
+    if not low <= beta <= high:
+        raise ValueError(
+            f"`beta` (the initial coefficient of the adaptive controller) must lie within [kl_beta_min, "
+            f"kl_beta_max] = [{low:g}, {high:g}]; got {beta:g}."
+        )
+    if not horizon > KL_ERROR_CLIP * samples_per_step:
+        raise ValueError(
+            f"`kl_horizon` must exceed {KL_ERROR_CLIP} × the samples of an optimizer step ({samples_per_step} = "
+            "per_device_train_batch_size × gradient_accumulation_steps × processes): the controller multiplies β "
+            f"by 1 + e·{samples_per_step}/kl_horizon with e >= −{KL_ERROR_CLIP}, which must stay > 0; got {horizon!r}."
+        )
+    return horizon
 
 
 class AdaptiveKLController:

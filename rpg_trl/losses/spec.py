@@ -73,6 +73,12 @@ class RPGLossSpec:
         ``kl_level="token"``, ``kl/sequence`` (completion mean) with ``kl_level="sequence"`` ([`CONTROLLED_KL`])."""
         return CONTROLLED_KL[self.kl_level]
 
+    @property
+    def kl_needs_completion_order(self) -> bool:
+        """Whether the KL's weights need each completion's tokens in order (the prefix ratios of
+        ``kl_level="sequence"``), not just each token's own ratio."""
+        return self.kl_level == "sequence"
+
     def kl_can_push_away(self, separate_reference: bool) -> bool:
         """Whether the KL weight can have the opposite sign of the exact one on some token, so that the KL term pushes
         π_θ away from its anchor there ([`kl_can_flip_sign`]); `separate_reference`: the anchor is a reference model,

@@ -45,6 +45,15 @@ KL_FLOOR = 0.01
 SYNCS_METRIC = "ref/syncs"
 
 
+def check_settings(warning, min_kl) -> None:
+    """Raise a `ValueError` naming the field unless `kl_drift_warning` (`warning`) is a bool and `kl_drift_min_kl`
+    (`min_kl`) a finite number >= 0."""
+    if not isinstance(warning, bool):
+        raise ValueError(f"`kl_drift_warning` must be True or False; got {warning!r}.")
+    if isinstance(min_kl, bool) or not isinstance(min_kl, (int, float)) or not 0.0 <= min_kl < math.inf:
+        raise ValueError(f"`kl_drift_min_kl` must be a finite number >= 0 (a KL in nats per token); got {min_kl!r}.")
+
+
 class KLDriftWarning(UserWarning):
     """The KL to the reference model is not holding the policy ([`KLDriftMonitor`])."""
 

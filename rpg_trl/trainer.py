@@ -187,7 +187,9 @@ class RPGTrainer(
     def _aggregate(self, per_token_loss, loss_mask, inputs, mode):
         """Reduce the per-token loss with the normaliser of TRL's `loss_type` (GRPOTrainer._compute_loss, TRL 1.16),
         so that RPG and GRPO losses are on the same scale; returns `(loss, policy_loss)` (the latter detached, before
-        the gradient-accumulation scaling, as GRPOTrainer logs it); `loss_mask` is the float mask of the loss's tokens."""
+        the gradient-accumulation scaling, as GRPOTrainer logs it); `loss_mask` is the float mask of the loss's tokens.
+        GRPOTrainer computes these normalisers inside `_compute_loss` and exposes no method for them: this copy is
+        pinned to TRL's code, and checked against its values in training and evaluation, by tests/test_grpo_parity.py."""
         args: RPGConfig = self.args
         accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if args.loss_type == "dapo":
@@ -213,7 +215,9 @@ class RPGTrainer(
         entropy) fixed at the end of the previous window, then moves it by `entropy_coef_delta` toward more bonus
         when the window's entropy (summed over micro-batches and processes) is at or below `entropy_target`, and
         toward less otherwise, within [`entropy_coef_min`, `entropy_coef_max`]. The coefficient and the last entropy
-        are saved in checkpoints by GRPOTrainer (`entropy_ctrl_state.json`).
+        are saved in checkpoints by GRPOTrainer (`entropy_ctrl_state.json`). GRPOTrainer runs this controller inside
+        `_compute_loss` and exposes no method for it: this copy is pinned to TRL's code, and checked against its logged
+        values, by tests/test_grpo_parity.py.
         """
         args: RPGConfig = self.args
         accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0

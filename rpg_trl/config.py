@@ -145,7 +145,7 @@ class RPGLossArguments:
             "use_bias_correction_kl, slime). 'truncated': the importance weight inside the KL weight capped at clip_c "
             "(over whole completions, one factor min(1, clip_c / largest prefix ratio) on each token's KL-to-go; fkl "
             "left exact), the sign kept. 'clipped': the KL weight at clip(w, 1 - epsilon, 1 + epsilon_high) (Algorithm "
-            "1 literally; rpg_trl 0.1.0), which can push the policy away from its anchor (warned). 'stopped': no KL "
+            "1 literally), which can push the policy away from its anchor (warned). 'stopped': no KL "
             "gradient where the reward term is clipped (Sec. G.2, Algorithm 2). Default "
             f"{DEFAULT_KL_CLIP_MODE!r}, chosen on the KL table of `rpg-trl bench-algos --tables kl`; "
             "rpg_trl.losses.KL_CLIP_MODES names each mode's reading of the paper.",
@@ -408,7 +408,7 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             min(1, c / largest prefix ratio) on each token's KL-to-go; fkl's weight, which does not grow with the
             ratio, left exact; the sign kept at both levels; the default, chosen on the KL table of
             docs/bench_algos.md), `"exact"` (the unclipped ratio: the authors' code, TRL, slime), `"clipped"` (at
-            clip(w, 1 − ε, 1 + ε_high), Algorithm 1 literally, rpg_trl 0.1.0: it can push the policy away from its
+            clip(w, 1 − ε, 1 + ε_high), Algorithm 1 literally: it can push the policy away from its
             anchor, with a reference model, with rkl, or over whole completions, and warns so) or `"stopped"` (no KL
             gradient where the reward term is clipped, Algorithm 2). See docs/design.md.
         aggregation (`str` or `None`, *optional*, defaults to `None`):

@@ -389,7 +389,7 @@ KL_CLIP_MODES: dict[str, KLClipMode] = {
         sequence_weight=_truncated_sequence_weight,
     ),
     "clipped": KLClipMode(
-        "the KL weight at w̄ = clip(w, 1 − ε_low, 1 + ε_high) and log w̄ on every token (rpg_trl 0.1.0); with a "
+        "the KL weight at w̄ = clip(w, 1 − ε_low, 1 + ε_high) and log w̄ on every token; with a "
         "reference that is not the sampling policy, with rkl, or over whole completions it can push π_θ away from its "
         "anchor",
         "Algorithm 1 lines 11-17 and 32 (the KL inside the clipped advantage, the gradient through w and Â), Remark F.2",

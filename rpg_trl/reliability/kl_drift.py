@@ -18,11 +18,10 @@ KL that small is no drift, whatever its growth),
 A reference sync (the `ref/syncs` count that [`~rpg_trl.ref_sync.RefModelSyncCallback`] logs, for
 `ref_model_sync_kl_threshold` and `sync_ref_model` alike) starts the watch again: the KL to a freshly synced reference
 restarts near 0, and its saw-tooth is no trend. The entropy is reported, not required: in the collapsing runs of the KL
-table it fell in some and rose in others. Replayed on runs that chose none of its thresholds it caught 8 of 32 collapses,
-with 1 false alarm in 36 runs that held (docs/bench_algos.md, third KL protocol): a hint, not a guard. [`KLDriftMonitorMixin`] gives the
-monitor to [`~rpg_trl.RPGTrainer`] and [`~rpg_trl.async_rpg.AsyncRPGTrainer`]; it is active only with a reference
-model, β > 0 and `kl_drift_warning=True` (the default; the KL to the sampling policy restarts at 0 with every
-generation batch).
+table it fell in some and rose in others. It is a hint, not a guard: it misses many collapses (docs/bench_algos.md,
+third KL protocol, gives how many, and its false alarms). [`KLDriftMonitorMixin`] gives the monitor to
+[`~rpg_trl.RPGTrainer`] and [`~rpg_trl.async_rpg.AsyncRPGTrainer`]; it is active only with a reference model, β > 0
+and `kl_drift_warning=True` (the default; the KL to the sampling policy restarts at 0 with every generation batch).
 """
 
 from __future__ import annotations

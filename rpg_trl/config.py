@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from . import kl_control
 from .losses import (
     AGGREGATIONS,
     DEFAULT_KL_CLIP_MODE,
@@ -26,11 +27,9 @@ from .losses import (
     ESTIMATORS,
     KL_CLIP_MODES,
     KL_LEVELS,
-    KLSignWarning,
     RPGLossSpec,
-    kl_can_flip_sign,
-    kl_sign_message,
 )
+from .reliability import importance_weights, kl_drift, process_failure
 from .reliability.kl_drift import KL_FLOOR
 from .reliability.process_failure import MAIN_EXIT_TIMEOUT
 
@@ -146,7 +145,7 @@ class RPGLossArguments:
             "use_bias_correction_kl, slime). 'truncated': the importance weight inside the KL weight capped at clip_c "
             "(over whole completions, one factor min(1, clip_c / largest prefix ratio) on each token's KL-to-go; fkl "
             "left exact), the sign kept. 'clipped': the KL weight at clip(w, 1 - epsilon, 1 + epsilon_high) (Algorithm "
-            "1 literally; rpg_trl 0.1.0), which can push the policy away from its anchor (warned). 'stopped': no KL "
+            "1 literally), which can push the policy away from its anchor (warned). 'stopped': no KL "
             "gradient where the reward term is clipped (Sec. G.2, Algorithm 2). Default "
             f"{DEFAULT_KL_CLIP_MODE!r}, chosen on the KL table of `rpg-trl bench-algos --tables kl`; "
             "rpg_trl.losses.KL_CLIP_MODES names each mode's reading of the paper.",
@@ -232,33 +231,16 @@ class RPGLossArguments:
         return RPGLossSpec.from_kwargs(names=self._LOSS_SPEC_NAMES, **self._loss_spec_fields())
 
     def check_rpg_loss_arguments(self) -> None:
-        """Validate the loss fields (`ValueError` naming the field, the allowed values and the fix)."""
+        """Validate the loss fields (`ValueError` naming the field, the allowed values and the fix): the loss's own in
+        [`RPGLossSpec`], the reliability settings in the modules that use them."""
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
         self.rpg_loss_spec()
         if self.kl_anchor is not None and self.kl_anchor not in KL_ANCHORS:
             raise ValueError(f"`kl_anchor` must be one of {list(KL_ANCHORS)} or None; got {self.kl_anchor!r}.")
-        threshold = self.importance_weight_warning_threshold
-        if threshold is not None and (
-            isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 1.0 < threshold < math.inf
-        ):
-            raise ValueError(
-                f"`importance_weight_warning_threshold` must be a finite number > 1 (a bound on π_θ/π_old) or None; "
-                f"got {threshold!r}."
-            )
-        if not isinstance(self.kl_drift_warning, bool):
-            raise ValueError(f"`kl_drift_warning` must be True or False; got {self.kl_drift_warning!r}.")
-        floor = self.kl_drift_min_kl
-        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0.0 <= floor < math.inf:
-            raise ValueError(
-                f"`kl_drift_min_kl` must be a finite number >= 0 (a KL in nats per token); got {floor!r}."
-            )
-        timeout = self.main_process_exit_timeout
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.0 < timeout < math.inf:
-            raise ValueError(
-                f"`main_process_exit_timeout` must be a finite number of seconds > 0 (default {MAIN_EXIT_TIMEOUT:g}); "
-                f"got {timeout!r}."
-            )
+        importance_weights.check_warning_threshold(self.importance_weight_warning_threshold)
+        kl_drift.check_settings(self.kl_drift_warning, self.kl_drift_min_kl)
+        process_failure.check_exit_timeout(self.main_process_exit_timeout)
 
     def check_kl_anchor(self, *, reference_requested: bool = False, reason: str = "") -> None:
         """Resolve `kl_anchor=None` (the default) and check the anchor against β.
@@ -282,9 +264,7 @@ class RPGLossArguments:
                 "(no reference model exists; it moves with every generation already). Set `kl_anchor='reference'` "
                 "(or leave it unset), or remove the option."
             )
-        spec, separate_reference = self.rpg_loss_spec(), self.kl_anchor == "reference"
-        if kl_can_flip_sign(spec, separate_reference):
-            warnings.warn(kl_sign_message(spec, separate_reference), KLSignWarning, stacklevel=4)
+        self.rpg_loss_spec().warn_if_kl_can_push_away(self.kl_anchor == "reference", stacklevel=4)
         if self.kl_anchor == "reference" and self.beta == 0.0:
             chosen = f" (chosen because {reason} asks for a reference)" if reference_requested else ""
             raise ValueError(
@@ -326,45 +306,16 @@ class KLControlArguments:
     )
 
     def check_kl_control_arguments(self) -> None:
-        """Validate the KL-budget fields (`ValueError` naming the field, the allowed values and the fix); `kl_horizon`
-        None becomes 10000 when `kl_target` is set."""
-        if self.kl_target is None:
-            for name in ("kl_horizon", "kl_beta_min", "kl_beta_max"):
-                if getattr(self, name) is not None:
-                    raise ValueError(
-                        f"`{name}` sets the adaptive KL coefficient, which only acts with `kl_target`; set "
-                        f"`kl_target` (the KL to hold) or leave `{name}` unset."
-                    )
-            return
-        for name in ("kl_target", "kl_horizon", "kl_beta_min", "kl_beta_max"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < math.inf
-            ):
-                raise ValueError(f"`{name}` must be a finite number > 0 or None; got {value!r}.")
-        if self.kl_horizon is None:
-            self.kl_horizon = 10000.0
-        if self.beta == 0.0:
-            raise ValueError(
-                "`kl_target` needs `beta > 0`: `beta` is the initial coefficient of the adaptive controller, which "
-                "multiplies it and so cannot leave 0. Set `beta` to a starting value (the paper uses 1e-4)."
-            )
-        low = 0.0 if self.kl_beta_min is None else self.kl_beta_min
-        high = math.inf if self.kl_beta_max is None else self.kl_beta_max
-        if low > high:
-            raise ValueError(f"`kl_beta_min` ({self.kl_beta_min}) must be <= `kl_beta_max` ({self.kl_beta_max}).")
-        if not low <= self.beta <= high:
-            raise ValueError(
-                f"`beta` (the initial coefficient of the adaptive controller) must lie within [kl_beta_min, "
-                f"kl_beta_max] = [{low:g}, {high:g}]; got {self.beta:g}."
-            )
-        samples = self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size
-        if not self.kl_horizon > 0.2 * samples:
-            raise ValueError(
-                f"`kl_horizon` must exceed 0.2 × the samples of an optimizer step ({samples} = "
-                "per_device_train_batch_size × gradient_accumulation_steps × processes): the controller multiplies β "
-                f"by 1 + e·{samples}/kl_horizon with e >= −0.2, which must stay > 0; got {self.kl_horizon!r}."
-            )
+        """Validate the KL-budget fields ([`rpg_trl.kl_control.check_kl_control_arguments`]); `kl_horizon` None
+        becomes 10000 when `kl_target` is set."""
+        self.kl_horizon = kl_control.check_kl_control_arguments(
+            self.beta,
+            self.kl_target,
+            self.kl_horizon,
+            self.kl_beta_min,
+            self.kl_beta_max,
+            samples_per_step=self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size,
+        )
 
 
 @dataclass
@@ -457,7 +408,7 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             min(1, c / largest prefix ratio) on each token's KL-to-go; fkl's weight, which does not grow with the
             ratio, left exact; the sign kept at both levels; the default, chosen on the KL table of
             research/docs/bench_algos.md), `"exact"` (the unclipped ratio: the authors' code, TRL, slime), `"clipped"` (at
-            clip(w, 1 − ε, 1 + ε_high), Algorithm 1 literally, rpg_trl 0.1.0: it can push the policy away from its
+            clip(w, 1 − ε, 1 + ε_high), Algorithm 1 literally: it can push the policy away from its
             anchor, with a reference model, with rkl, or over whole completions, and warns so) or `"stopped"` (no KL
             gradient where the reward term is clipped, Algorithm 2). See docs/design.md.
         aggregation (`str` or `None`, *optional*, defaults to `None`):
@@ -649,14 +600,7 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
         generate_every = self.steps_per_generation * self.num_iterations
         if self.gradient_accumulation_steps % generate_every != 0:
             return
-        # On-policy, w = ρ = 1 at every token: the KL part of W (module table of rpg_trl.losses) is β·1 for fkl
-        # (a constant that the group-mean baseline does not remove), 0 for ufkl/urkl and −β for rkl.
-        effect = {
-            "fkl": "zero in expectation (β times the score ∇log π_θ, whose mean under π_θ is 0)",
-            "ufkl": "exactly zero",
-            "rkl": "zero in expectation (−β times the score ∇log π_θ, whose mean under π_θ is 0)",
-            "urkl": "exactly zero",
-        }[self.divergence]
+        effect = self.rpg_loss_spec().on_policy_kl_gradient
         warnings.warn(
             f"With kl_anchor='sampling' and divergence={self.divergence!r}, every optimizer step uses freshly "
             f"generated data (steps_per_generation * num_iterations = {generate_every} divides "

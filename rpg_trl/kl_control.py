@@ -17,9 +17,10 @@ multiplier of the budget.
 
 The KL is RPG's: the importance-weighted estimate `S` of the chosen divergence (the table of docs/design.md,
 `E_old[S] = D(π_θ, π_ref)`), which measures the current policy even when the batch was sampled by an older one (Sec. 3).
-With `kl_level="token"` it is the logged `kl` (token mean over the step's micro-batches and all processes); with
-`kl_level="sequence"` it is `kl/sequence` (the whole-completion estimate, averaged over the step's completions), and
-the target is then a KL per completion.
+It is the KL that the loss names as the one β weighs ([`~rpg_trl.losses.RPGLossSpec.controlled_kl`]): with
+`kl_level="token"` the logged `kl` (token mean over the step's micro-batches and all processes); with
+`kl_level="sequence"` `kl/sequence` (the whole-completion estimate, averaged over the step's completions), and the
+target is then a KL per completion.
 
 [`AdaptiveKLController`] holds the rule and its state (plain Python, testable without a trainer);
 [`AdaptiveKLCallback`] runs it inside a `transformers` Trainer: it writes β into the trainer's loss specification
@@ -32,17 +33,20 @@ from __future__ import annotations
 import math
 import numbers
 
-from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
 
+from ._kl_callback import KLFedCallback, rule_attribute
+from .losses import CONTROLLED_KL
 
-__all__ = ["KL_ERROR_CLIP", "AdaptiveKLCallback", "AdaptiveKLController"]
+
+__all__ = ["KL_ERROR_CLIP", "AdaptiveKLCallback", "AdaptiveKLController", "check_kl_control_arguments"]
 
 logger = logging.get_logger(__name__)
 
 #: The proportional error is clipped to ±0.2 (Ziegler et al., 2019; verl; OpenRLHF).
 KL_ERROR_CLIP = 0.2
+#: The horizon H (in samples) when `kl_horizon` is None: verl's and OpenRLHF's default.
+DEFAULT_HORIZON = 10000.0
 #: The state exported to `trainer_state.json`.
 STATE_ATTRIBUTES = ("beta", "last_kl", "num_updates")
 
@@ -53,6 +57,56 @@ def _positive(name: str, value, allow_none: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < value < math.inf):
         suffix = " or None" if allow_none else ""
         raise ValueError(f"`{name}` must be a finite number > 0{suffix}; got {value!r}.")
+
+
+def check_kl_control_arguments(
+    beta: float,
+    kl_target: float | None,
+    kl_horizon: float | None,
+    kl_beta_min: float | None,
+    kl_beta_max: float | None,
+    samples_per_step: int,
+) -> float | None:
+    """Check a configuration's KL-budget fields (`ValueError` naming the field, the allowed values and the fix) and
+    return the horizon to use: `kl_horizon`, or 10000 when `kl_target` is set and `kl_horizon` is None.
+    `samples_per_step`: the samples of one optimizer step (per_device_train_batch_size × gradient_accumulation_steps ×
+    processes)."""
+    fields = {"kl_target": kl_target, "kl_horizon": kl_horizon, "kl_beta_min": kl_beta_min, "kl_beta_max": kl_beta_max}
+    if kl_target is None:
+        for name, value in fields.items():
+            if value is not None:
+                raise ValueError(
+                    f"`{name}` sets the adaptive KL coefficient, which only acts with `kl_target`; set `kl_target` "
+                    f"(the KL to hold) or leave `{name}` unset."
+                )
+        return kl_horizon
+    for name, value in fields.items():
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0.0 < value < math.inf
+        ):
+            raise ValueError(f"`{name}` must be a finite number > 0 or None; got {value!r}.")
+    horizon = DEFAULT_HORIZON if kl_horizon is None else kl_horizon
+    if beta == 0.0:
+        raise ValueError(
+            "`kl_target` needs `beta > 0`: `beta` is the initial coefficient of the adaptive controller, which "
+            "multiplies it and so cannot leave 0. Set `beta` to a starting value (the paper uses 1e-4)."
+        )
+    low = 0.0 if kl_beta_min is None else kl_beta_min
+    high = math.inf if kl_beta_max is None else kl_beta_max
+    if low > high:
+        raise ValueError(f"`kl_beta_min` ({kl_beta_min}) must be <= `kl_beta_max` ({kl_beta_max}).")
+    if not low <= beta <= high:
+        raise ValueError(
+            f"`beta` (the initial coefficient of the adaptive controller) must lie within [kl_beta_min, "
+            f"kl_beta_max] = [{low:g}, {high:g}]; got {beta:g}."
+        )
+    if not horizon > KL_ERROR_CLIP * samples_per_step:
+        raise ValueError(
+            f"`kl_horizon` must exceed {KL_ERROR_CLIP} × the samples of an optimizer step ({samples_per_step} = "
+            "per_device_train_batch_size × gradient_accumulation_steps × processes): the controller multiplies β "
+            f"by 1 + e·{samples_per_step}/kl_horizon with e >= −{KL_ERROR_CLIP}, which must stay > 0; got {horizon!r}."
+        )
+    return horizon
 
 
 class AdaptiveKLController:
@@ -103,6 +157,25 @@ class AdaptiveKLController:
         #: The divergence of the last update (`None` before the first).
         self.last_kl: float | None = None
         self.num_updates = 0
+        # The KL of the optimizer step in progress, summed over its units (tokens or completions).
+        self._kl_sum = 0.0
+        self._kl_count = 0.0
+
+    def observe(self, kl_sum, count) -> None:
+        """Add one micro-batch's KL: the estimate summed over `count` units (numbers or 0-d tensors). A micro-batch
+        without units or with a non-finite sum adds nothing."""
+        kl_sum, count = float(kl_sum), float(count)
+        if count > 0 and math.isfinite(kl_sum):
+            self._kl_sum += kl_sum
+            self._kl_count += count
+
+    def step_kl(self) -> float | None:
+        """The divergence observed since the last [`discard_step`] (`None`: nothing observed)."""
+        return self._kl_sum / self._kl_count if self._kl_count > 0 else None
+
+    def discard_step(self) -> None:
+        """Forget the KL observed so far (the step ended, or training starts)."""
+        self._kl_sum = self._kl_count = 0.0
 
     def update(self, kl: float, n_samples: int) -> float:
         """Move β after an optimizer step that measured the divergence `kl` on `n_samples` samples; return the new β.
@@ -150,28 +223,21 @@ class AdaptiveKLController:
             setattr(self, key, value)
 
 
-def _controller_attribute(name: str, doc: str) -> property:
-    """An attribute of the callback kept by its controller (transformers restores an exported state with `setattr`)."""
-
-    def set_value(self, value):
-        setattr(self.controller, name, value)
-
-    return property(lambda self: getattr(self.controller, name), set_value, doc=doc)
-
-
-class AdaptiveKLCallback(TrainerCallback, ExportableState):
+class AdaptiveKLCallback(KLFedCallback):
     r"""
-    Runs [`AdaptiveKLController`] in an [`~rpg_trl.RPGTrainer`]: the trainer hands it the KL of every training
-    micro-batch, summed over tokens (and completions) and over all processes ([`observe`]); at the end of each
-    optimizer step it updates β from the step's divergence (the token mean, or with `level="sequence"` the completion
-    mean) and `n` = `per_device_train_batch_size × gradient_accumulation_steps × processes` samples, and sets
+    Runs [`AdaptiveKLController`] in an [`~rpg_trl.RPGTrainer`]: the trainer hands it the KL that β weighs of every
+    training micro-batch ([`~rpg_trl.losses.RPGLossSpec.controlled_kl`]: the per-token estimate summed over tokens, or
+    with `kl_level="sequence"` the whole-completion estimate summed over completions), summed over all processes
+    ([`observe_kl`](KLFedCallback.observe_kl)); at the end of each optimizer step it updates β from the step's mean
+    divergence and `n` = `per_device_train_batch_size × gradient_accumulation_steps × processes` samples, and sets
     `trainer.rpg_beta`, which the next step's loss uses. Every process computes the same β from the same reduced
     sums. `beta` (the coefficient the step's loss used) and `kl_control/kl` (the divergence the controller saw) are
     logged at every step.
 
     The state (β, the last KL, the number of updates) is exported to each checkpoint's `trainer_state.json`
     (`stateful_callbacks`) and restored from it when training resumes, whatever `restore_callback_states_from_checkpoint`
-    says. [`install`] creates it from the configuration (`kl_target`, `kl_horizon`, `kl_beta_min`, `kl_beta_max`).
+    says. [`install`](KLFedCallback.install) creates it from the configuration (`kl_target`, `kl_horizon`,
+    `kl_beta_min`, `kl_beta_max`, `kl_level`).
 
     Args:
         trainer ([`~rpg_trl.RPGTrainer`], *optional*):
@@ -179,13 +245,16 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
         beta, target, horizon, beta_min, beta_max:
             The [`AdaptiveKLController`]'s.
         level (`str`, *optional*, defaults to `"token"`):
-            `"token"`: control the per-token estimate (`kl`); `"sequence"`: the whole-completion estimate
-            (`kl/sequence`).
+            The KL level of the divergence it is fed (`kl_level`): `"token"`, the per-token estimate (`kl`);
+            `"sequence"`, the whole-completion estimate (`kl/sequence`). Recorded with its state.
     """
 
-    beta = _controller_attribute("beta", "The current β.")
-    last_kl = _controller_attribute("last_kl", "The divergence of the last update.")
-    num_updates = _controller_attribute("num_updates", "Number of updates so far.")
+    rule_name = "controller"
+    attach_hint = "callback.reinstall(trainer)"
+
+    beta = rule_attribute("beta", "The current β.")
+    last_kl = rule_attribute("last_kl", "The divergence of the last update.")
+    num_updates = rule_attribute("num_updates", "Number of updates so far.")
 
     def __init__(
         self,
@@ -197,23 +266,19 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
         beta_max: float | None = None,
         level: str = "token",
     ):
-        if level not in ("token", "sequence"):
-            raise ValueError(f"`level` must be 'token' or 'sequence'; got {level!r}.")
+        if level not in CONTROLLED_KL:
+            raise ValueError(f"`level` must be one of {', '.join(map(repr, CONTROLLED_KL))}; got {level!r}.")
         self.controller = AdaptiveKLController(beta, target, horizon, beta_min=beta_min, beta_max=beta_max)
         self.level = level
-        self._kl_sum = 0.0
-        self._kl_count = 0.0
-        self.trainer = None
-        if trainer is not None:
-            self.bind(trainer)
+        super().__init__(trainer)
 
     @classmethod
-    def install(cls, trainer) -> AdaptiveKLCallback | None:
-        """Add the callback to `trainer` when `trainer.args.kl_target` is set; return it, or `None`."""
+    def from_trainer(cls, trainer) -> AdaptiveKLCallback | None:
+        """The callback when `trainer.args.kl_target` is set, else `None`."""
         args = trainer.args
         if getattr(args, "kl_target", None) is None:
             return None
-        callback = cls(
+        return cls(
             trainer,
             beta=args.beta,
             target=args.kl_target,
@@ -222,58 +287,21 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
             beta_max=args.kl_beta_max,
             level=args.kl_level,
         )
-        trainer.add_callback(callback)
-        return callback
-
-    def bind(self, trainer) -> None:
-        """Attach the trainer."""
-        self.trainer = trainer
-
-    def reinstall(self, trainer) -> None:
-        """Make this instance the trainer's KL controller again if transformers replaced it by a copy rebuilt from the
-        saved arguments (`restore_callback_states_from_checkpoint=True`); the state is restored in `on_train_begin`."""
-        callbacks = trainer.callback_handler.callbacks
-        kept, placed = [], False
-        for callback in callbacks:  # this instance, once, in the place of the first AdaptiveKLCallback
-            if not isinstance(callback, AdaptiveKLCallback):
-                kept.append(callback)
-            elif not placed:
-                kept.append(self)
-                placed = True
-        callbacks[:] = kept if placed else [*kept, self]
-        self.bind(trainer)
-
-    # ------------------------------------------------------------------------------------------------ KL
-    def observe(self, token_kl_sum, num_tokens, sequence_kl_sum, num_sequences) -> None:
-        """Add one training micro-batch's KL: the per-token estimate summed over `num_tokens` tokens and the
-        whole-completion estimate summed over `num_sequences` completions, all summed over processes (numbers or 0-d
-        tensors). A micro-batch without tokens or with a non-finite sum adds nothing."""
-        kl_sum, count = (token_kl_sum, num_tokens) if self.level == "token" else (sequence_kl_sum, num_sequences)
-        kl_sum, count = float(kl_sum), float(count)
-        if count > 0 and math.isfinite(kl_sum):
-            self._kl_sum += kl_sum
-            self._kl_count += count
 
     def step_kl(self) -> float | None:
         """The divergence observed since the last optimizer step (`None`: nothing observed)."""
-        return self._kl_sum / self._kl_count if self._kl_count > 0 else None
+        return self.controller.step_kl()
 
     # ------------------------------------------------------------------------------------------------ events
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.trainer is None:
-            raise RuntimeError(
-                "AdaptiveKLCallback has no trainer: it was rebuilt from a checkpoint without `bind(trainer)`. "
-                "RPGTrainer does this itself; with another trainer call `callback.reinstall(trainer)` before `train()`."
-            )
-        self._kl_sum = self._kl_count = 0.0
+        self.require_trainer()
+        self.controller.discard_step()
         # A new run starts from the configured β; a resumed one from the β of its checkpoint.
         self.controller.load_attributes({"beta": self.controller.initial_beta, "last_kl": None, "num_updates": 0})
         if state.global_step > 0:
-            stored = (state.stateful_callbacks or {}).get(type(self).__name__)
-            if isinstance(stored, list):
-                stored = stored[0]
-            if isinstance(stored, dict) and stored.get("attributes"):
-                self.controller.load_attributes(stored["attributes"])
+            stored = self.stored_attributes(state)
+            if stored:
+                self.controller.load_attributes(stored)
             else:
                 logger.warning(
                     f"Resuming at step {state.global_step} from a checkpoint without the KL controller's state "
@@ -284,8 +312,8 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
 
     def on_step_end(self, args, state, control, **kwargs):
         used = self.controller.beta
-        kl = self.step_kl()
-        self._kl_sum = self._kl_count = 0.0
+        kl = self.controller.step_kl()
+        self.controller.discard_step()
         if kl is not None:
             n_samples = args.per_device_train_batch_size * args.gradient_accumulation_steps
             n_samples *= self.trainer.accelerator.num_processes
@@ -296,8 +324,5 @@ class AdaptiveKLCallback(TrainerCallback, ExportableState):
             metrics["kl_control/kl"] = [kl]
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def state(self) -> dict:
-        return {
-            "args": {**self.controller.arguments(), "level": self.level},
-            "attributes": self.controller.attributes(),
-        }
+    def own_arguments(self) -> dict:
+        return {"level": self.level}

@@ -187,7 +187,9 @@ class RPGTrainer(
     def _aggregate(self, per_token_loss, loss_mask, inputs, mode):
         """Reduce the per-token loss with the normaliser of TRL's `loss_type` (GRPOTrainer._compute_loss, TRL 1.16),
         so that RPG and GRPO losses are on the same scale; returns `(loss, policy_loss)` (the latter detached, before
-        the gradient-accumulation scaling, as GRPOTrainer logs it); `loss_mask` is the float mask of the loss's tokens."""
+        the gradient-accumulation scaling, as GRPOTrainer logs it); `loss_mask` is the float mask of the loss's tokens.
+        GRPOTrainer computes these normalisers inside `_compute_loss` and exposes no method for them: this copy is
+        pinned to TRL's code, and checked against its values in training and evaluation, by tests/test_grpo_parity.py."""
         args: RPGConfig = self.args
         accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if args.loss_type == "dapo":
@@ -213,7 +215,9 @@ class RPGTrainer(
         entropy) fixed at the end of the previous window, then moves it by `entropy_coef_delta` toward more bonus
         when the window's entropy (summed over micro-batches and processes) is at or below `entropy_target`, and
         toward less otherwise, within [`entropy_coef_min`, `entropy_coef_max`]. The coefficient and the last entropy
-        are saved in checkpoints by GRPOTrainer (`entropy_ctrl_state.json`).
+        are saved in checkpoints by GRPOTrainer (`entropy_ctrl_state.json`). GRPOTrainer runs this controller inside
+        `_compute_loss` and exposes no method for it: this copy is pinned to TRL's code, and checked against its logged
+        values, by tests/test_grpo_parity.py.
         """
         args: RPGConfig = self.args
         accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
@@ -241,20 +245,27 @@ class RPGTrainer(
 
     def _log_rpg_metrics(self, mode, stats, fmask, entropies):
         """Log TRL-named metrics (`kl`, `entropy`, `clip_ratio/...`) and RPG's, reduced across processes (`fmask`: the
-        float mask of the loss's tokens)."""
+        float mask of the loss's tokens), and hand a training micro-batch's KL to the callbacks fed one: the reference
+        sync gets the token KL, the adaptive KL coefficient the KL that β weighs (`loss_spec.controlled_kl`)."""
         local = summarize_stats(stats, fmask)
-        means = TOKEN_MEAN_METRICS
-        count = local["num_tokens"]
-        entropy_sum = (entropies.detach().to(fmask.dtype) * fmask).sum()
-        sequences = local["num_sequences"]
-        totals = torch.stack(
-            [*(local[k] * count for k in means), entropy_sum, local["kl/sequence"] * sequences, sequences, count]
-        )
-        totals = self.accelerator.reduce(totals, reduction="sum")
-        self._observe_reference_kl(mode, totals[0], totals[-1])
-        if mode == "train" and self.kl_control_callback is not None:
-            self.kl_control_callback.observe(totals[0], totals[-1], totals[-3], totals[-2])
-        global_count = totals[-1].clamp(min=1.0)
+        count, sequences = local["num_tokens"], local["num_sequences"]
+        # Each metric times its count (its sum over tokens or completions), and the counts: summed over processes.
+        sums = {key: local[key] * count for key in TOKEN_MEAN_METRICS}
+        sums["entropy"] = (entropies.detach().to(fmask.dtype) * fmask).sum()
+        sums["kl/sequence"] = local["kl/sequence"] * sequences
+        sums["num_sequences"], sums["num_tokens"] = sequences, count
+        reduced = self.accelerator.reduce(torch.stack(list(sums.values())), reduction="sum")
+        totals = dict(zip(sums, reduced.unbind(), strict=True))
+        if mode == "train":
+            if self.ref_sync_callback is not None:
+                self.ref_sync_callback.observe_kl(totals["kl"], totals["num_tokens"])
+            if self.kl_control_callback is not None:
+                controlled = self.loss_spec.controlled_kl
+                self.kl_control_callback.observe_kl(totals[controlled.metric], totals[controlled.count])
+        # The means over all processes: per token, and `kl/sequence` per completion.
+        token_means = (*TOKEN_MEAN_METRICS, "entropy")
+        means = torch.stack([totals[key] for key in token_means]) / totals["num_tokens"].clamp(min=1.0)
+        sequence_mean = (totals["kl/sequence"] / totals["num_sequences"].clamp(min=1.0)).reshape(1)
         # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
         # the largest of high-clipped tokens over the batch (NaN-free over empty sequences).
         lengths = fmask.sum(-1)
@@ -267,9 +278,8 @@ class RPGTrainer(
         # (an `.item()` per metric, and TRL's `nanmin`/`nanmax` with their boolean indexing, wait for the device each).
         values = torch.cat(
             [
-                totals[: len(means) + 1] / global_count,  # the token means, then `entropy`
-                # The whole-completion divergence estimate, averaged over the completions of all processes.
-                (totals[-3] / totals[-2].clamp(min=1.0)).reshape(1),
+                means,
+                sequence_mean,
                 torch.stack(
                     [
                         nan_extreme(gathered_low, largest=False),
@@ -277,18 +287,13 @@ class RPGTrainer(
                         nan_extreme(extremes[:, 0], largest=True),
                         nan_extreme(extremes[:, 1], largest=False),
                     ]
-                ).to(totals.dtype),
+                ).to(reduced.dtype),
             ]
         ).tolist()
-        keys = (*means, "entropy", "kl/sequence", "clip_ratio/low_min", "clip_ratio/high_max")
+        keys = (*token_means, "kl/sequence", "clip_ratio/low_min", "clip_ratio/high_max")
         keys += ("importance_weight/max", "importance_weight/min")
         for key, value in zip(keys, values, strict=True):
             self._metrics[mode][key].append(value)
-
-    def _observe_reference_kl(self, mode, kl_sum, num_tokens):
-        """Hand a training micro-batch's token KL to π_ref (summed over tokens and processes) to the reference sync."""
-        if mode == "train" and self.ref_sync_callback is not None:
-            self.ref_sync_callback.observe_kl(kl_sum, num_tokens)
 
     def _load_callback_state(self):
         # With `restore_callback_states_from_checkpoint=True` transformers replaces each stateful callback by a copy

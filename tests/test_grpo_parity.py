@@ -271,3 +271,74 @@ def test_asking_for_a_reference_anchors_the_kl_to_it(tiny_model_dir, tmp_path, o
 def test_model_carries_the_variant_tag(tiny_model_dir, tmp_path):
     trainer = make_trainer(tiny_model_dir, tmp_path, divergence="ufkl", estimator="differentiable")
     assert {"trl", "rpg", "rpg-ufkl"} <= set(trainer.model.model_tags)
+
+
+# ================================================================================================ the copied code
+def _code_tokens(source: str) -> str:
+    """`source` as its code tokens (comments, blank lines and layout left out), one space apart."""
+    import io
+    import textwrap
+    import tokenize
+
+    skipped = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    tokens = tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline)
+    return " ".join(token.string for token in tokens if token.type not in skipped)
+
+
+def _grpo_normalisers_and_entropy_bonus() -> str:
+    """The part of `GRPOTrainer._compute_loss` that `RPGTrainer._aggregate` (the normaliser of each `loss_type`) and
+    `RPGTrainer._entropy_bonus` (the static and adaptive entropy coefficient) reproduce: from the choice of the mode
+    to the router's auxiliary loss. GRPOTrainer exposes neither as a method, so RPGTrainer holds a copy."""
+    import inspect
+
+    source = inspect.getsource(GRPOTrainer._compute_loss)
+    start = source.index('mode = "train" if self.model.training else "eval"')
+    end = source.index("if self.aux_loss_enabled:", start)
+    return "        " + source[start:end]
+
+
+#: The digest of `_grpo_normalisers_and_entropy_bonus()`'s code tokens in the pinned TRL (1.16.0).
+GRPO_NORMALISERS_AND_ENTROPY_DIGEST = "7b39e629cdad6aab6bc0ac37b76c30a40e840c74888161e9fb34bc81c10a8ed6"
+
+
+def test_the_copied_normalisers_and_entropy_controller_are_trls_code():
+    """RPGTrainer's `_aggregate` and `_entropy_bonus` copy GRPOTrainer's normalisers and entropy controller (not
+    exposed as methods). When TRL changes that code, this digest changes: compare the new code with `_aggregate` and
+    `_entropy_bonus`, bring them in line (the parity tests above and below check the behaviour), then record the new
+    digest."""
+    import hashlib
+
+    code = _code_tokens(_grpo_normalisers_and_entropy_bonus())
+    for expected in ('loss_type in [ "grpo" , "sapo" ]', 'loss_type == "bnpo"', 'loss_type == "dr_grpo"'):
+        assert expected in code  # the extraction found the normalisers
+    assert "self . _entropy_window_stats" in code and "self . _last_world_entropy" in code  # and the controller
+    digest = hashlib.sha256(code.encode()).hexdigest()
+    assert digest == GRPO_NORMALISERS_AND_ENTROPY_DIGEST, (
+        "GRPOTrainer._compute_loss's normalisers or entropy controller changed: review RPGTrainer._aggregate and "
+        f"RPGTrainer._entropy_bonus against TRL's code, then set GRPO_NORMALISERS_AND_ENTROPY_DIGEST = {digest!r}."
+    )
+
+
+def test_the_code_digest_sees_a_change_of_trls_code():
+    """The digest changes with the code, not with its comments or layout."""
+    source = _grpo_normalisers_and_entropy_bonus()
+    code = _code_tokens(source)
+    commented = source.replace("policy_loss = loss.detach()", "policy_loss = loss.detach()  # a new comment\n", 1)
+    assert _code_tokens(commented) == code
+    changed = source.replace("mask.sum().clamp(min=1.0)", "mask.sum().clamp(min=2.0)", 1)
+    assert changed != source and _code_tokens(changed) != code
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "bnpo", "grpo", "dr_grpo", "luspo"])
+def test_evaluation_loss_equals_grpo_trainer(tiny_model_dir, tmp_path, loss_type):
+    """In evaluation (no gradient accumulation, the whole batch at once) each normaliser, with the entropy bonus, gives
+    GRPOTrainer's loss on the same batch."""
+    grpo, rpg = _pair(tiny_model_dir, tmp_path, loss_type, beta=0.1, entropy_coef=0.01)
+    inputs = fixed_inputs(grpo, spread=0.2)
+    losses = []
+    for trainer in (grpo, rpg):
+        trainer.model.eval()
+        trainer.current_gradient_accumulation_steps = 2  # not applied in evaluation
+        with torch.no_grad():
+            losses.append(trainer._compute_loss(trainer.model, inputs))
+    assert_close_in_norm(losses[1], losses[0], ulps=8, what="evaluation loss")

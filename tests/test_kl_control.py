@@ -302,3 +302,28 @@ def test_the_trainer_without_a_target_has_no_controller(tiny_model_dir, tmp_path
     assert trainer.kl_control_callback is None
     assert not any(isinstance(cb, AdaptiveKLCallback) for cb in trainer.callback_handler.callbacks)
     assert isinstance(trainer, RPGTrainer)
+
+
+def test_the_two_callbacks_fed_a_kl_share_one_base():
+    """AdaptiveKLCallback and RefModelSyncCallback: one base (`rpg_trl._kl_callback.KLFedCallback`) feeds the KL to
+    their rule, forwards their attributes to it, and refuses to train without a trainer."""
+    from rpg_trl._kl_callback import KLFedCallback
+    from rpg_trl.ref_sync import RefModelSyncCallback
+
+    control = AdaptiveKLCallback(beta=0.1, target=0.05, horizon=40)
+    sync = RefModelSyncCallback(kl_threshold=0.1)
+    assert isinstance(control, KLFedCallback) and isinstance(sync, KLFedCallback)
+    assert control.rule is control.controller and sync.rule is sync.trigger
+    # Sums over units: 0.3 over 3 tokens, then 0.1 over 2; a non-finite sum and an empty micro-batch add nothing.
+    for callback in (control, sync):
+        for kl_sum, count in ((0.3, 3), (float("nan"), 5), (1.0, 0), (torch.tensor(0.1), torch.tensor(2.0))):
+            callback.observe_kl(kl_sum, count)
+    assert control.step_kl() == pytest.approx(0.08)
+    assert sync.trigger.end_step(1) is None and sync.kl_moving_average == pytest.approx(0.08)  # below κ = 0.1
+    sync.kl_threshold = 0.05  # written through to the trigger
+    assert sync.trigger.kl_threshold == 0.05 and sync.state()["args"]["kl_threshold"] == 0.05
+    control.beta = 0.2
+    assert control.controller.beta == 0.2 and control.state()["attributes"]["beta"] == 0.2
+    for callback, hint in ((control, "callback.reinstall"), (sync, "callback.bind")):
+        with pytest.raises(RuntimeError, match=f"{type(callback).__name__} has no trainer.*{hint}"):
+            callback.on_train_begin(None, None, None)

@@ -34,7 +34,7 @@ def test_rising_kl_with_falling_entropy_warns_once_naming_the_settings():
         {"kl": 3.7, "entropy": 0.20, "importance_weight/max": 12.9},
         {"kl": 6.6, "entropy": 0.12, "importance_weight/max": 152.0},
     ]
-    monitor = KLDriftMonitor(16, clip_c=10.0, settings=SETTINGS)
+    monitor = KLDriftMonitor(16, clip_c=10.0, settings=SETTINGS, kl_can_push_away=True)
     with pytest.warns(KLDriftWarning) as record:
         warned = feed(monitor, batches, steps_per_generation=16)
     assert warned == [65]  # the first step of batch 5: batches 1-4 are finished
@@ -42,6 +42,7 @@ def test_rising_kl_with_falling_entropy_warns_once_naming_the_settings():
     message = str(record[0].message)
     for expected in (
         "went 0.26, 0.72, 1.5",
+        "kl_clip_mode='clipped' can push tokens away",
         "kl_clip_mode='truncated'",
         "learning_rate (now 0.002)",
         "beta (now 0.2)",
@@ -77,7 +78,7 @@ def test_weights_far_beyond_c_twice_with_a_doubling_kl_warn():
     monitor = KLDriftMonitor(8, clip_c=10.0, settings={**SETTINGS, "kl_clip_mode": "exact"})
     with pytest.warns(KLDriftWarning, match="reached 150, beyond 10 × clip_c = 100, twice in a row") as record:
         assert feed(monitor, batches, steps_per_generation=8) == [33]  # batch 4 (0-based 3) done
-    assert "kl_clip_mode=" not in str(record[0].message)  # only the clipped reading gets that advice
+    assert "kl_clip_mode=" not in str(record[0].message)  # only a KL weight that can push away gets that advice
     # One spike, or weights that high while the KL falls, are no signature.
     for series in (
         [dict(b, **{"importance_weight/max": 5.0 if i != 3 else 150.0}) for i, b in enumerate(batches)],
@@ -215,3 +216,27 @@ def test_the_trainer_evaluates_the_last_period_when_train_returns(tiny_model_dir
     monkeypatch.setattr(GRPOTrainer, "train", training)
     with pytest.warns(KLDriftWarning, match="went 0.26, 0.6, 1.5"):
         assert trainer.train() == "the output of train()"
+
+
+@pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")
+@pytest.mark.parametrize(
+    "overrides, pushes_away",
+    [
+        # With a reference model, Algorithm 1's clipped KL weight w̄·log(w̄/r) can have the sign opposite to the exact
+        # one (r ≠ 1): the advice to change kl_clip_mode is given.
+        (dict(kl_clip_mode="clipped"), True),
+        # fkl's KL weight −r holds no importance weight: clipping leaves it exact, so there is nothing to advise.
+        (dict(kl_clip_mode="clipped", divergence="fkl"), False),
+        # Without RPG-Style Clip every mode is the exact weight.
+        (dict(kl_clip_mode="clipped", rpg_clip=False), False),
+        (dict(kl_clip_mode="truncated"), False),
+        (dict(kl_clip_mode="exact"), False),
+    ],
+)
+def test_the_trainer_tells_the_monitor_whether_the_kl_weight_can_push_away(
+    tiny_model_dir, tmp_path, overrides, pushes_away
+):
+    from helpers.tiny_runs import make_trainer
+
+    trainer = make_trainer(tiny_model_dir, tmp_path, beta=0.1, kl_anchor="reference", **overrides)
+    assert trainer.kl_drift_monitor.kl_can_push_away is pushes_away

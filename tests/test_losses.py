@@ -1085,3 +1085,66 @@ def test_sequence_importance_sampling_with_the_kl_over_whole_completions(diverge
     np.testing.assert_allclose(
         part, mask * 0.2 * sequence_K(divergence, lp, old, ref, mask) / 6, rtol=1e-9, atol=1e-12
     )
+
+
+# ==================================================================================================== the KL β weighs
+@pytest.mark.parametrize("divergence", ["urkl", "rkl"])
+def test_the_loss_returns_the_kl_that_beta_weighs_at_each_level(divergence):
+    """`kl/controlled` (and `RPGLossSpec.controlled_kl`) is the token mean of the per-token estimate with
+    kl_level="token" and the completion mean of the whole-completion estimate with "sequence", on the same batch;
+    the expected values are computed here from the log-ratios, with the sampling anchor (r = 1)."""
+    from rpg_trl.losses import CONTROLLED_KL, RPGLossSpec, rpg_loss
+
+    generator = torch.Generator().manual_seed(3)
+    old = -torch.rand(4, 6, generator=generator, dtype=torch.float64) - 0.5
+    logps = old + 0.3 * torch.randn(4, 6, generator=generator, dtype=torch.float64)
+    mask = torch.ones(4, 6, dtype=torch.float64)
+    mask[1, 4:] = 0
+    mask[3, 1:] = 0
+    log_w = (logps - old) * mask
+    w = log_w.exp()
+    # S per token: urkl w·log w − w + 1, rkl w·log w (r = 1); over a completion the same at W = Π w.
+    value = (lambda x, log_x: x * log_x - x + 1) if divergence == "urkl" else (lambda x, log_x: x * log_x)
+    token_mean = (value(w, log_w) * mask).sum() / mask.sum()
+    log_W = log_w.sum(-1)
+    sequence_mean = value(log_W.exp(), log_W).mean()
+    expected = {"token": token_mean, "sequence": sequence_mean}
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=torch.float64)
+    for level in ("token", "sequence"):
+        spec = RPGLossSpec(divergence=divergence, kl_level=level)
+        assert spec.controlled_kl is CONTROLLED_KL[level]
+        _, metrics = rpg_loss(logps, old, advantages, mask, spec)
+        assert metrics["kl/controlled"].item() == pytest.approx(expected[level].item(), rel=1e-9)
+        assert metrics[spec.controlled_kl.metric] is metrics["kl/controlled"]
+        assert metrics[spec.controlled_kl.count].item() == (mask.sum() if level == "token" else 4)
+    assert expected["token"] != pytest.approx(expected["sequence"].item(), rel=1e-3)  # the two levels differ here
+
+
+@pytest.mark.parametrize(
+    "fields, separate_reference, pushes_away",
+    [
+        # Algorithm 1's clipped weight: with a reference (r ≠ 1) urkl's w̄·log(w̄/r) can take the opposite sign.
+        (dict(kl_clip_mode="clipped"), True, True),
+        # With the sampling anchor per token urkl's w̄·log w̄ keeps the sign of log w; rkl's w̄·(log w̄ + 1) does not.
+        (dict(kl_clip_mode="clipped"), False, False),
+        (dict(kl_clip_mode="clipped", divergence="rkl"), False, True),
+        # Over whole completions the clipped prefixes flip signs even with the sampling anchor.
+        (dict(kl_clip_mode="clipped", kl_level="sequence"), False, True),
+        # fkl's weight −r holds no importance weight; no clip, or β = 0, leaves nothing to flip.
+        (dict(kl_clip_mode="clipped", divergence="fkl"), True, False),
+        (dict(kl_clip_mode="clipped", clip=False), True, False),
+        (dict(kl_clip_mode="clipped", beta=0.0), True, False),
+        (dict(kl_clip_mode="truncated"), True, False),
+        (dict(kl_clip_mode="exact", kl_level="sequence"), True, False),
+    ],
+)
+def test_the_specification_says_whether_the_kl_weight_can_push_away(fields, separate_reference, pushes_away):
+    from rpg_trl.losses import KLSignWarning, RPGLossSpec
+
+    spec = RPGLossSpec(**fields)
+    assert spec.kl_can_push_away(separate_reference) is pushes_away
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        spec.warn_if_kl_can_push_away(separate_reference)
+    assert [r.category for r in record] == ([KLSignWarning] if pushes_away else [])
+    assert spec.kl_needs_completion_order is (spec.kl_level == "sequence")

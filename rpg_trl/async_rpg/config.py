@@ -35,7 +35,7 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, AsyncGRPOConfig):
     def __post_init__(self):
         super().__post_init__()
         self.check_rpg_loss_arguments()
-        if self.kl_level != "token":
+        if self.rpg_loss_spec().kl_needs_completion_order:
             raise ValueError(
                 f"`kl_level={self.kl_level!r}` is not available with AsyncRPGTrainer: its loss sees one packed row of "
                 "trained tokens per micro-batch, and the exact sequence-level KL needs each completion's prefix ratios "

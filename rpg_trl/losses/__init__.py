@@ -61,16 +61,16 @@ name is importable from ``rpg_trl.losses``.
 
 from __future__ import annotations
 
-import warnings
-
 import torch
 
 from .kl import (
+    CONTROLLED_KL,
     DEFAULT_KL_CLIP_MODE,
     DIVERGENCES,
     KL_CLIP_MODES,
     KL_LEVELS,
     KL_TERMS,
+    ControlledKL,
     KLClipMode,
     KLSignWarning,
     KLTerm,
@@ -117,7 +117,9 @@ from .surrogate import (
 
 __all__ = [
     "AGGREGATIONS",
+    "CONTROLLED_KL",
     "ClipRegions",
+    "ControlledKL",
     "DEFAULT_KL_CLIP_MODE",
     "DIVERGENCES",
     "ESTIMATORS",
@@ -186,8 +188,7 @@ def rpg_per_token_loss(
     regulariser keeps acting on every token (as TRL adds ``β·KL`` after its masks).
     """
     spec = _resolve_spec(spec, spec_fields)
-    if kl_can_flip_sign(spec, separate_reference=ref_logps is not None):
-        warnings.warn(kl_sign_message(spec, ref_logps is not None), KLSignWarning, stacklevel=2)
+    spec.warn_if_kl_can_push_away(separate_reference=ref_logps is not None, stacklevel=2)
     ratios = importance_ratios(logps, old_logps, ref_logps, mask > 0, spec.importance_sampling_level)
     dtype = ratios.w.dtype
     if advantages.dim() == 1:
@@ -280,6 +281,8 @@ def rpg_loss(
     Returns:
         `tuple[torch.Tensor, dict[str, torch.Tensor]]`: the scalar loss and detached metrics: ``kl`` (mean per-token
         divergence estimate to the anchor), ``kl/sequence`` (mean over completions of the whole-completion estimate),
+        ``kl/controlled`` (the one of the two that β weighs, ``spec.controlled_kl``: ``kl`` with ``kl_level="token"``,
+        ``kl/sequence`` with ``kl_level="sequence"``),
         ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/dual_mean``, ``clip_ratio/region_mean``
         (fractions of active tokens), ``importance_weight/mean``, ``importance_weight/max``, ``importance_weight/min``,
         ``num_tokens`` and ``num_sequences`` (completions with at least one active token).
@@ -295,7 +298,9 @@ def rpg_loss(
     per_token_loss, stats = rpg_per_token_loss(logps, old_logps, advantages, mask, spec, ref_logps=ref_logps)
     fmask = (mask > 0).to(per_token_loss.dtype)
     loss = aggregate_loss(per_token_loss, fmask, spec.aggregation, num_items, max_length)
-    return loss, summarize_stats(stats, fmask)
+    metrics = summarize_stats(stats, fmask)
+    metrics["kl/controlled"] = metrics[spec.controlled_kl.metric]
+    return loss, metrics
 
 
 def _check_shapes(logps, old_logps, advantages, mask, ref_logps) -> None:

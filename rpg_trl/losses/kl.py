@@ -154,6 +154,25 @@ DIVERGENCES = tuple(name for name, term in KL_TERMS.items() if term.importance_w
 KL_LEVELS = ("token", "sequence")
 
 
+@dataclass(frozen=True)
+class ControlledKL:
+    """The KL estimate that β weighs at one KL level, named as the loss's metrics name it ([`rpg_loss`]): the metric
+    `metric` is a mean over `count` units (active tokens, or completions with at least one active token), so that a sum
+    over micro-batches and processes is ``Σ metric·count / Σ count``. The adaptive KL coefficient holds this estimate
+    near its target."""
+
+    metric: str  #: ``"kl"`` (token mean of the per-token estimate) or ``"kl/sequence"`` (completion mean)
+    count: str  #: ``"num_tokens"`` or ``"num_sequences"``: the metric's denominator
+
+
+#: The KL that β weighs, per KL level: per token, the token mean of ``S``; over whole completions, the completion mean
+#: of the whole-completion estimate.
+CONTROLLED_KL = {
+    "token": ControlledKL("kl", "num_tokens"),
+    "sequence": ControlledKL("kl/sequence", "num_sequences"),
+}
+
+
 #: The default of `kl_clip_mode` (a key of [`KL_CLIP_MODES`]), chosen on the KL table of research/docs/bench_algos.md.
 DEFAULT_KL_CLIP_MODE = "truncated"
 
@@ -370,7 +389,7 @@ KL_CLIP_MODES: dict[str, KLClipMode] = {
         sequence_weight=_truncated_sequence_weight,
     ),
     "clipped": KLClipMode(
-        "the KL weight at w̄ = clip(w, 1 − ε_low, 1 + ε_high) and log w̄ on every token (rpg_trl 0.1.0); with a "
+        "the KL weight at w̄ = clip(w, 1 − ε_low, 1 + ε_high) and log w̄ on every token; with a "
         "reference that is not the sampling policy, with rkl, or over whole completions it can push π_θ away from its "
         "anchor",
         "Algorithm 1 lines 11-17 and 32 (the KL inside the clipped advantage, the gradient through w and Â), Remark F.2",

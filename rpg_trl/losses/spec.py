@@ -5,6 +5,7 @@ paper's names of its algorithms (Tables 1-4)."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -13,12 +14,17 @@ from ._checks import (
     _check_finite_number,
 )
 from .kl import (
+    CONTROLLED_KL,
     DEFAULT_KL_CLIP_MODE,
     DIVERGENCES,
     KL_CLIP_MODES,
     KL_LEVELS,
     KL_TERMS,
+    ControlledKL,
+    KLSignWarning,
     KLTerm,
+    kl_can_flip_sign,
+    kl_sign_message,
 )
 from .ratios import (
     IMPORTANCE_SAMPLING_LEVELS,
@@ -60,6 +66,36 @@ class RPGLossSpec:
     def kl_term(self) -> KLTerm:
         """The row of [`KL_TERMS`] this specification uses."""
         return KL_TERMS[self.divergence if self.kl_importance_weight else "k3"]
+
+    @property
+    def controlled_kl(self) -> ControlledKL:
+        """The KL estimate that β weighs, as the loss's metrics name it: ``kl`` (token mean) with
+        ``kl_level="token"``, ``kl/sequence`` (completion mean) with ``kl_level="sequence"`` ([`CONTROLLED_KL`])."""
+        return CONTROLLED_KL[self.kl_level]
+
+    @property
+    def kl_needs_completion_order(self) -> bool:
+        """Whether the KL's weights need each completion's tokens in order (the prefix ratios of
+        ``kl_level="sequence"``), not just each token's own ratio."""
+        return self.kl_level == "sequence"
+
+    def kl_can_push_away(self, separate_reference: bool) -> bool:
+        """Whether the KL weight can have the opposite sign of the exact one on some token, so that the KL term pushes
+        π_θ away from its anchor there ([`kl_can_flip_sign`]); `separate_reference`: the anchor is a reference model,
+        not the sampling policy."""
+        return kl_can_flip_sign(self, separate_reference)
+
+    def warn_if_kl_can_push_away(self, separate_reference: bool, stacklevel: int = 2) -> None:
+        """Warn ([`KLSignWarning`]) when [`kl_can_push_away`](RPGLossSpec.kl_can_push_away) is True."""
+        if self.kl_can_push_away(separate_reference):
+            warnings.warn(kl_sign_message(self, separate_reference), KLSignWarning, stacklevel=stacklevel + 1)
+
+    @property
+    def on_policy_kl_gradient(self) -> str:
+        """What the KL term's gradient is when π_θ = π_ref = π_old on every token (w = ρ = 1): the KL part of W (module
+        table of `rpg_trl.losses`) is β·1 for fkl (a constant that the group-mean baseline does not remove), 0 for
+        ufkl/urkl and −β for rkl."""
+        return ON_POLICY_KL_GRADIENT[self.divergence]
 
     @property
     def paper_name(self) -> str:
@@ -127,6 +163,15 @@ class RPGLossSpec:
                 f"weights, so it has no sequence-level form: use {n('kl_level')}='token' with it, or "
                 f"{n('kl_importance_weight')}=True for the exact sequence-level KL."
             )
+
+
+#: The KL term's gradient on-policy (π_θ = π_ref = π_old), per divergence ([`RPGLossSpec.on_policy_kl_gradient`]).
+ON_POLICY_KL_GRADIENT = {
+    "fkl": "zero in expectation (β times the score ∇log π_θ, whose mean under π_θ is 0)",
+    "ufkl": "exactly zero",
+    "rkl": "zero in expectation (−β times the score ∇log π_θ, whose mean under π_θ is 0)",
+    "urkl": "exactly zero",
+}
 
 
 def validate_rpg_hyperparameters(*, names: dict[str, str] | None = None, **fields) -> None:

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import os
 
-from transformers import TrainerCallback
-from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
 from trl.trainer.callbacks import SyncRefModelCallback
 
+from .._kl_callback import KLFedCallback, rule_attribute
 from . import weights
 from .trigger import SyncTrigger, broadcast_from_main
 from .weights import REF_ADAPTER, REFERENCE_FILE
@@ -32,17 +31,7 @@ __all__ = ["REFERENCE_FILE", "REF_ADAPTER", "RefModelSyncCallback"]
 logger = logging.get_logger(__name__)
 
 
-def _trigger_attribute(name: str, doc: str) -> property:
-    """An attribute of the callback kept by its trigger (so that `transformers`, which restores a callback's exported
-    state with `setattr`, and user code read and write the trigger's)."""
-
-    def set_value(self, value):
-        setattr(self.trigger, name, value)
-
-    return property(lambda self: getattr(self.trigger, name), set_value, doc=doc)
-
-
-class RefModelSyncCallback(TrainerCallback, ExportableState):
+class RefModelSyncCallback(KLFedCallback):
     r"""
     Moves the KL anchor π_ref to the policy π_θ during training (the separate-reference variant of the paper's
     "iterative reference update", Sec. 5).
@@ -76,13 +65,15 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
             α ∈ (0, 1]: weight of the policy in a sync. 1 copies the policy.
     """
 
-    kl_threshold = _trigger_attribute("kl_threshold", "κ (see `SyncTrigger`).")
-    kl_ema = _trigger_attribute("kl_ema", "γ (see `SyncTrigger`).")
-    sync_steps = _trigger_attribute("sync_steps", "Periodic trigger (see `SyncTrigger`).")
-    kl_moving_average = _trigger_attribute("kl_moving_average", "Moving average of the token KL since the last sync.")
-    last_sync_step = _trigger_attribute("last_sync_step", "Optimizer step of the last sync.")
-    num_syncs = _trigger_attribute("num_syncs", "Number of syncs so far.")
-    sync_history = _trigger_attribute("sync_history", "Optimizer steps of the syncs.")
+    kl_threshold = rule_attribute("kl_threshold", "κ (see `SyncTrigger`).")
+    kl_ema = rule_attribute("kl_ema", "γ (see `SyncTrigger`).")
+    sync_steps = rule_attribute("sync_steps", "Periodic trigger (see `SyncTrigger`).")
+    kl_moving_average = rule_attribute("kl_moving_average", "Moving average of the token KL since the last sync.")
+    last_sync_step = rule_attribute("last_sync_step", "Optimizer step of the last sync.")
+    num_syncs = rule_attribute("num_syncs", "Number of syncs so far.")
+    sync_history = rule_attribute("sync_history", "Optimizer steps of the syncs.")
+
+    rule_name = "trigger"
 
     def __init__(
         self,
@@ -98,15 +89,14 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         self.mixup_alpha = mixup_alpha
         self._reference_restored = False
         self._warned_nothing_to_sync = False
-        self.trainer = None
-        if trainer is not None:
-            self.bind(trainer)
+        super().__init__(trainer)
 
     # ------------------------------------------------------------------------------------------------ set-up
     @classmethod
-    def install(cls, trainer) -> RefModelSyncCallback | None:
-        """Install the callback from `trainer.args` (`RPGConfig`) when `sync_ref_model` or
-        `ref_model_sync_kl_threshold` asks for it, in place of TRL's `SyncRefModelCallback`; return it, or `None`.
+    def from_trainer(cls, trainer) -> RefModelSyncCallback | None:
+        """The callback when `trainer.args` (`RPGConfig`) asks for it with `sync_ref_model` or
+        `ref_model_sync_kl_threshold`, in place of TRL's `SyncRefModelCallback` (removed from `trainer`), else `None`.
+        [`install`](KLFedCallback.install) adds it to the trainer.
 
         With PEFT, a frozen "ref" adapter copied from the trained adapter becomes the reference if none exists (TRL
         makes one only for an already-PEFT model; with `peft_config` it evaluates the reference with the adapter
@@ -120,7 +110,7 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         # GRPOTrainer adds its own (periodic, full-model only) sync when it sees `sync_ref_model`; this one replaces
         # it (RPGTrainer already hides the flag from GRPOTrainer, which would reject it with PEFT).
         trainer.remove_callback(SyncRefModelCallback)
-        callback = cls(
+        return cls(
             trainer,
             kl_threshold=threshold,
             kl_ema=getattr(args, "ref_model_sync_kl_ema", 0.9),
@@ -128,12 +118,10 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
             # TRL applies `ref_model_mixup_alpha` only with `sync_ref_model=True`; a KL-triggered sync alone copies.
             mixup_alpha=args.ref_model_mixup_alpha if args.sync_ref_model else 1.0,
         )
-        trainer.add_callback(callback)
-        return callback
 
     def bind(self, trainer) -> None:
         """Attach the trainer (and make this callback the one that receives the trainer's KL)."""
-        self.trainer = trainer
+        super().bind(trainer)
         trainer.ref_sync_callback = self
         if self.has_reference():
             peft_model = weights.peft_model_of(trainer)
@@ -158,20 +146,10 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
             self._warned_nothing_to_sync = True
         return False
 
-    # ------------------------------------------------------------------------------------------------ KL and decision
-    def observe_kl(self, kl_sum, num_tokens) -> None:
-        """Add one training micro-batch's KL: `kl_sum` = Σ_tokens KL and `num_tokens`, both already summed over all
-        processes (so every process sees the same values)."""
-        self.trigger.observe(kl_sum, num_tokens)
-
+    # ------------------------------------------------------------------------------------------------ decision
     def on_train_begin(self, args, state, control, **kwargs):
-        if self.trainer is None:
-            raise RuntimeError(
-                "RefModelSyncCallback has no trainer: it was rebuilt from a checkpoint without `bind(trainer)`. "
-                "RPGTrainer does this itself; with another trainer call `callback.bind(trainer)` before `train()`."
-            )
-        stored = (state.stateful_callbacks or {}).get(type(self).__name__)
-        synced_before = isinstance(stored, dict) and stored.get("attributes", {}).get("num_syncs", 0) > 0
+        self.require_trainer()
+        synced_before = self.stored_attributes(state).get("num_syncs", 0) > 0
         if state.global_step > 0 and synced_before and not self._reference_restored:
             raise RuntimeError(
                 "Resuming from a checkpoint taken after reference syncs, but the synced reference was not "
@@ -213,11 +191,8 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         weights.sync_reference(self.trainer, self.mixup_alpha if alpha is None else alpha)
 
     # ------------------------------------------------------------------------------------------------ checkpoints
-    def state(self) -> dict:
-        return {
-            "args": {**self.trigger.arguments(), "mixup_alpha": self.mixup_alpha},
-            "attributes": self.trigger.attributes(),
-        }
+    def own_arguments(self) -> dict:
+        return {"mixup_alpha": self.mixup_alpha}
 
     def save_checkpoint(self, trainer, trial=None) -> None:
         """Save the synced reference into the checkpoint folder that `trainer._save_checkpoint` is about to write."""
@@ -246,20 +221,9 @@ class RefModelSyncCallback(TrainerCallback, ExportableState):
         trainer's callback again if transformers replaced it by a copy rebuilt from the saved arguments
         (`restore_callback_states_from_checkpoint=True`); restores the state whatever that flag says, since the
         reference weights are always restored."""
-        callbacks = trainer.callback_handler.callbacks
-        kept, placed = [], False
-        for callback in callbacks:  # this instance, once (it may be there already), in the place of the first
-            if not isinstance(callback, RefModelSyncCallback):
-                kept.append(callback)
-            elif not placed:
-                kept.append(self)
-                placed = True
-        callbacks[:] = kept if placed else [*kept, self]
-        self.bind(trainer)
+        self.reinstall(trainer)
         name = type(self).__name__
-        stored = trainer.state.stateful_callbacks.get(name)
-        if isinstance(stored, list):
-            stored = stored[0]
+        stored = self.stored_state(trainer.state)
         if stored:
             self.trigger.load_attributes(stored.get("attributes", {}))
         else:

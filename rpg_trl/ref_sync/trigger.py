@@ -19,8 +19,8 @@ import numbers
 from collections.abc import Callable
 
 
-#: The moving-average and sync-history attributes exported to `trainer_state.json` (names and meaning fixed:
-#: checkpoints written by earlier versions restore into them).
+#: The moving-average and sync-history attributes exported to `trainer_state.json`, under these names (a checkpoint
+#: restores them by name).
 STATE_ATTRIBUTES = ("kl_moving_average", "last_sync_step", "num_syncs", "sync_history")
 
 

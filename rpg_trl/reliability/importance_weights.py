@@ -22,6 +22,14 @@ logger = logging.get_logger(__name__)
 IMPORTANCE_WEIGHT_WARNING_INTERVAL = 100
 
 
+def check_warning_threshold(threshold, name: str = "importance_weight_warning_threshold") -> None:
+    """Raise a `ValueError` naming `name` unless `threshold` is a finite number > 1 (a bound on π_θ/π_old) or None."""
+    if threshold is not None and (
+        isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 1.0 < threshold < math.inf
+    ):
+        raise ValueError(f"`{name}` must be a finite number > 1 (a bound on π_θ/π_old) or None; got {threshold!r}.")
+
+
 class ImportanceWeightMonitor:
     """Warns when the largest importance weight π_θ/π_old exceeds `threshold`, at most once every `interval` steps."""
 

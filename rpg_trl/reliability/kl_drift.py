@@ -18,11 +18,10 @@ KL that small is no drift, whatever its growth),
 A reference sync (the `ref/syncs` count that [`~rpg_trl.ref_sync.RefModelSyncCallback`] logs, for
 `ref_model_sync_kl_threshold` and `sync_ref_model` alike) starts the watch again: the KL to a freshly synced reference
 restarts near 0, and its saw-tooth is no trend. The entropy is reported, not required: in the collapsing runs of the KL
-table it fell in some and rose in others. Replayed on runs that chose none of its thresholds it caught 8 of 32 collapses,
-with 1 false alarm in 36 runs that held (research/docs/bench_algos.md, third KL protocol): a hint, not a guard. [`KLDriftMonitorMixin`] gives the
-monitor to [`~rpg_trl.RPGTrainer`] and [`~rpg_trl.async_rpg.AsyncRPGTrainer`]; it is active only with a reference
-model, β > 0 and `kl_drift_warning=True` (the default; the KL to the sampling policy restarts at 0 with every
-generation batch).
+table it fell in some and rose in others. It is a hint, not a guard: it misses many collapses (research/docs/bench_algos.md,
+third KL protocol, gives how many, and its false alarms). [`KLDriftMonitorMixin`] gives the monitor to
+[`~rpg_trl.RPGTrainer`] and [`~rpg_trl.async_rpg.AsyncRPGTrainer`]; it is active only with a reference model, β > 0
+and `kl_drift_warning=True` (the default; the KL to the sampling policy restarts at 0 with every generation batch).
 """
 
 from __future__ import annotations
@@ -45,6 +44,15 @@ KL_FLOOR = 0.01
 SYNCS_METRIC = "ref/syncs"
 
 
+def check_settings(warning, min_kl) -> None:
+    """Raise a `ValueError` naming the field unless `kl_drift_warning` (`warning`) is a bool and `kl_drift_min_kl`
+    (`min_kl`) a finite number >= 0."""
+    if not isinstance(warning, bool):
+        raise ValueError(f"`kl_drift_warning` must be True or False; got {warning!r}.")
+    if isinstance(min_kl, bool) or not isinstance(min_kl, (int, float)) or not 0.0 <= min_kl < math.inf:
+        raise ValueError(f"`kl_drift_min_kl` must be a finite number >= 0 (a KL in nats per token); got {min_kl!r}.")
+
+
 class KLDriftWarning(UserWarning):
     """The KL to the reference model is not holding the policy ([`KLDriftMonitor`])."""
 
@@ -60,10 +68,18 @@ class KLDriftMonitor:
         clip_c (`float`): the dual-clip bound c of the second signature.
         settings (`dict`): the configuration values the warning names (e.g. `kl_clip_mode`, `beta`, `learning_rate`).
         min_kl (`float`): the floor: no warning while the latest period's mean KL is below it.
+        kl_can_push_away (`bool`): whether the loss's KL weight can push the policy away from the reference on some
+            token ([`~rpg_trl.losses.RPGLossSpec.kl_can_push_away`]); the warning then advises a `kl_clip_mode` that
+            keeps the sign.
     """
 
     def __init__(
-        self, steps_per_generation: int, clip_c: float, settings: dict | None = None, min_kl: float = KL_FLOOR
+        self,
+        steps_per_generation: int,
+        clip_c: float,
+        settings: dict | None = None,
+        min_kl: float = KL_FLOOR,
+        kl_can_push_away: bool = False,
     ):
         # A period: whole generation batches, at least MIN_PERIOD_STEPS optimizer steps.
         steps_per_generation = max(1, int(steps_per_generation))
@@ -71,6 +87,7 @@ class KLDriftMonitor:
         self.clip_c = clip_c
         self.min_kl = float(min_kl)
         self.settings = dict(settings or {})
+        self.kl_can_push_away = bool(kl_can_push_away)
         #: Finished generation batches: dicts with the mean `kl`, mean `entropy` and largest weight.
         self.batches: list[dict] = []
         self._current: int | None = None
@@ -154,10 +171,11 @@ class KLDriftMonitor:
                 f"clip_c = {bound:g}, twice in a row"
             )
         advice = []
-        if self.settings.get("kl_clip_mode") == "clipped":
+        if self.kl_can_push_away:
+            mode = self.settings.get("kl_clip_mode", "?")
             advice.append(
-                "kl_clip_mode='clipped' (Algorithm 1's reading) can push tokens away from the reference: use "
-                "kl_clip_mode='truncated' (the default) or 'exact'"
+                f"kl_clip_mode={mode!r} can push tokens away from the reference: use kl_clip_mode='truncated' (the "
+                "default) or 'exact'"
             )
         advice.append(
             f"lower learning_rate (now {self.settings.get('learning_rate', '?')}) or steps_per_generation (now "
@@ -188,7 +206,8 @@ class KLDriftMonitor:
 class KLDriftMonitorMixin:
     """Feeds the trainer's training log entries to a [`KLDriftMonitor`] when the KL is anchored to a reference model
     with β > 0 and `args.kl_drift_warning` is on. Goes before the TRL trainer in a class line; reads `args.kl_anchor`,
-    `args.beta`, `args.kl_drift_warning`, `args.kl_drift_min_kl` and the settings the warning names. An asynchronous
+    `args.beta`, `args.kl_drift_warning`, `args.kl_drift_min_kl`, the settings the warning names and the trainer's
+    loss specification (`self.loss_spec`, an [`~rpg_trl.losses.RPGLossSpec`]). An asynchronous
     trainer, which has no generation batches, watches periods of [`MIN_PERIOD_STEPS`] optimizer steps."""
 
     def __init__(self, *args, **kwargs):
@@ -217,6 +236,7 @@ class KLDriftMonitorMixin:
                     )
                 },
                 min_kl=getattr(config, "kl_drift_min_kl", KL_FLOOR),
+                kl_can_push_away=self.loss_spec.kl_can_push_away(separate_reference=True),
             )
 
     def train(self, *args, **kwargs):

@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import math
 import os
 import socket
 import sys
@@ -59,6 +60,15 @@ MAIN_EXIT_TIMEOUT = 60.0
 #: Seconds a watcher waits, once the main process has ended (or, on another machine, marked its exit), for the launcher
 #: to end the job.
 EXIT_GRACE = 5.0
+
+
+def check_exit_timeout(timeout, name: str = "main_process_exit_timeout") -> None:
+    """Raise a `ValueError` naming `name` unless `timeout` is a finite number of seconds > 0."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.0 < timeout < math.inf:
+        raise ValueError(
+            f"`{name}` must be a finite number of seconds > 0 (default {MAIN_EXIT_TIMEOUT:g}); got {timeout!r}."
+        )
+
 
 _TRAINER_NUMBERS = itertools.count()
 _WATCHERS: list[FailureWatcher] = []

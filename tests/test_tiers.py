@@ -39,7 +39,7 @@ def test_unmarked_tests_that_start_a_process_or_a_server_fail_and_marked_ones_pa
     pytester.makeini("[pytest]\nmarkers =\n    slow: the slow tier\n")
     pytester.makeconftest("from helpers import tiers\n\n\ndef pytest_configure(config):\n    tiers.install(config)\n")
     pytester.makepyfile(test_inner=INNER_TESTS)
-    result = pytester.runpytest_inprocess("-p", "no:cacheprovider")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:benchmark")
     # What the inner tests started is theirs: this test's own record of it is dropped.
     request.node.stash[tiers._STARTED].clear()
     result.assert_outcomes(passed=4, errors=2)

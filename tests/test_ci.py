@@ -86,15 +86,12 @@ def test_a_sigterm_to_pytest_ends_the_sessions_its_tests_started(tmp_path):
         _end(pytest_run, pids)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("ignores_sigterm", [False, True], ids=["ends-on-sigterm", "ignores-sigterm"])
-def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_path, ignores_sigterm):
-    """`.ci/run` in a copy of the repository's `.ci/` with stand-ins (as in tests/test_docs.py): `pip` and the README
-    test command succeed, the background jobs (`.ci/vllm install`, `.ci/wheel`, `.ci/torch_floor`) and the
+def _ci_with_stand_ins(tmp_path, ignores_sigterm=False):
+    """`.ci/run` started in a copy of the repository's `.ci/` with stand-ins (as in tests/test_docs.py): `pip` and the
+    README test command succeed, the background jobs (`.ci/vllm`, `.ci/wheel`, `.ci/torch_floor`) and the
     baseline-kernel step (`python` under `ATEN_CPU_CAPABILITY`) sleep and record their process ids, a child of theirs
-    too. A SIGTERM to `.ci/run` ends it within seconds (status 143, the step named on the last line) and leaves none of
-    them running: bash had deferred the trap until the step in the foreground ended (here 300 s). A job that ignores
-    SIGTERM (the stand-in of `.ci/torch_floor` and its child, in the second case) gets SIGKILL after 10 s."""
+    too; the stand-in of `.ci/torch_floor` ignores SIGTERM if `ignores_sigterm`. Returns the run and, once all have
+    started, the 8 process ids."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
     jobs = ("vllm", "wheel", "torch_floor")
@@ -119,21 +116,60 @@ def test_a_sigterm_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_pa
     try:
         for name in (*jobs, "step"):
             pids += _wait_for(tmp_path / f"{name}.pids", ci, timeout=30)
-        assert len(_running(pids)) == 8, pids
+    except BaseException:
+        _end(ci, pids)
+        raise
+    assert len(_running(pids)) == 8, pids
+    return ci, pids
+
+
+def _none_left(pids, within: float) -> list[int]:
+    deadline = time.monotonic() + within
+    while _running(pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _running(pids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "signum, ignores_sigterm",
+    [(signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGHUP, False)],
+    ids=["sigterm", "sigterm-ignored-by-a-job", "sighup"],
+)
+def test_a_sigterm_or_sighup_to_ci_ends_its_step_and_background_jobs_within_seconds(tmp_path, signum, ignores_sigterm):
+    """A SIGTERM to `.ci/run` ends it within seconds (status 143, the step named on the last line) and leaves none of
+    its steps and jobs running: bash had deferred the trap until the step in the foreground ended (here 300 s). A job
+    that ignores SIGTERM (the stand-in of `.ci/torch_floor` and its child, in the second case) gets SIGKILL after
+    10 s. A SIGHUP (the terminal or connection gone) does the same, with status 129."""
+    ci, pids = _ci_with_stand_ins(tmp_path, ignores_sigterm)
+    try:
         sent = time.monotonic()
-        ci.send_signal(signal.SIGTERM)
+        ci.send_signal(signum)
         _, stderr = ci.communicate(timeout=30)
         took = time.monotonic() - sent
-        assert ci.returncode == 143, stderr
+        assert ci.returncode == 128 + signum, stderr
         assert took < (15 if ignores_sigterm else 5), (took, stderr)
-        assert (
-            stderr.strip()
-            .splitlines()[-1]
-            .startswith("== FAILED: numerics-sensitive tests under ATEN_CPU_CAPABILITY=default (exit status 143")
-        ), stderr
-        deadline = time.monotonic() + 2
-        while _running(pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(pids), f"left running after CI's SIGTERM: {_running(pids)}"
+        last = stderr.strip().splitlines()[-1]
+        step = "numerics-sensitive tests under ATEN_CPU_CAPABILITY=default"
+        assert last.startswith(f"== FAILED: {step} (exit status {128 + signum}"), stderr
+        assert not _none_left(pids, within=2), f"left running after CI's signal: {_running(pids)}"
+    finally:
+        _end(ci, pids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["script", "process-group"])
+def test_a_sigkill_to_ci_or_its_process_group_leaves_no_step_or_job_running(tmp_path, target):
+    """SIGKILL cannot be trapped: the step and the background jobs, each in a session of its own, outlived it. Each
+    session's guard (`in_session` in `.ci/run`) sees the script gone and ends its session within about a second."""
+    ci, pids = _ci_with_stand_ins(tmp_path)
+    try:
+        if target == "script":
+            ci.kill()
+        else:
+            os.killpg(ci.pid, signal.SIGKILL)  # sessions.popen made the script a process group leader
+        ci.wait(timeout=10)
+        assert ci.returncode == -signal.SIGKILL
+        assert not _none_left(pids, within=5), f"left running after CI's SIGKILL: {_running(pids)}"
     finally:
         _end(ci, pids)

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
 import rpg_trl
+from rpg_research.cpu_rollouts import cpu_backend
 from rpg_trl.async_rpg import AsyncRPGConfig, AsyncRPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss
 from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
-from rpg_research.cpu_rollouts import cpu_backend
 
 from helpers.async_harness import (
     RecordingWeightTransfer,

@@ -42,7 +42,9 @@ def test_the_readme_opens_with_the_two_set_up_commands():
     block = lines[lines.index("```bash") + 1 : lines.index("```")]
     assert len(block) == 2
     assert block[0].startswith("pip install torch==2.13.0 && pip install -e . -e ./research && rpg-trl demo")
-    assert block[1].startswith('pip install torch==2.13.0 && pip install -e ".[test]" -e ./research && python -m pytest')
+    assert block[1].startswith(
+        'pip install torch==2.13.0 && pip install -e ".[test]" -e ./research && python -m pytest'
+    )
     assert '-m "not slow"' in block[1]  # the fast tier; .ci/run runs the slow one after it
     # CI runs the README's test command exactly as written (before its comment).
     ci = (ROOT / ".ci" / "run").read_text()
@@ -139,4 +141,5 @@ def test_each_gpu_step_time_figure_carries_its_conditions(page):
     from rpg_research.toy import build_char_tokenizer
 
     assert len(build_char_tokenizer()) == 28  # bench-speed's model reads the toy character tokenizer
-    assert "--vocab-size 151936" in (ROOT / "research" / "gpu" / "gpu_run.sh").read_text()  # the second run's vocabulary
+    gpu_run = (ROOT / "research" / "gpu" / "gpu_run.sh").read_text()
+    assert "--vocab-size 151936" in gpu_run  # the second run's vocabulary

@@ -26,10 +26,10 @@ import textwrap
 import pytest
 import torch
 
-from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 from rpg_research.toy import build_char_tokenizer, save_tiny_model
 from rpg_research.toy.training import activation_checkpointing
+from rpg_trl import RPGConfig, RPGTrainer
+from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 
 from helpers.tiny_runs import PROMPTS
 

@@ -26,8 +26,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
 from rpg_research.toy import no_activation_checkpointing
+from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
 
 from helpers import sessions
 from helpers.ports import free_port

@@ -59,11 +59,11 @@ def train_job(spec: dict, run_dir: str) -> dict:
     """One run: `spec["arm"]` from the warm start `spec["sft_dir"]`, full or LoRA; its held-out summary and curve."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from rpg_trl import RPGConfig, RPGTrainer
     from rpg_research.cli.bench_algos import algorithm_config
     from rpg_research.cli.runs import run_summary, train_quietly, warm_started
     from rpg_research.toy.addition import addition_reward, build_rl_dataset
     from rpg_research.toy.training import rl_training_kwargs
+    from rpg_trl import RPGConfig, RPGTrainer
 
     overrides = algorithm_config(ARMS[spec["arm"]])
     kind = overrides.pop("trainer")

@@ -22,9 +22,9 @@ from datasets import Dataset
 from peft import LoraConfig
 from trl import TrlParser
 
+from rpg_research.toy import build_char_tokenizer, save_tiny_model
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.ref_sync.weights import REF_ADAPTER
-from rpg_research.toy import build_char_tokenizer, save_tiny_model
 
 
 @dataclass

@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-from rpg_trl.losses import PAPER_NAMES, rpg_per_token_loss
 from rpg_research.cli.bench_optimum import VARIANTS, BenchOptimumArguments
 from rpg_research.cli.optima import (
     effective_reward_scale,
@@ -15,6 +14,7 @@ from rpg_research.cli.optima import (
     reverse_kl_optimum,
     total_variation,
 )
+from rpg_trl.losses import PAPER_NAMES, rpg_per_token_loss
 
 
 # ---- closed forms, checked against hand computations ----------------------------------------------------------------

@@ -13,10 +13,10 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_trl import RPGConfig, RPGTrainer
 from rpg_research import cli
 from rpg_research.cli import bench_algos, bench_kl, plot, runs
 from rpg_research.toy import build_char_tokenizer, build_tiny_qwen3, curves, no_activation_checkpointing
+from rpg_trl import RPGConfig, RPGTrainer
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -371,8 +371,8 @@ def test_a_run_is_keyed_by_everything_that_defines_it(tmp_path):
     # The cache key of a run (rpg_research.cli.runs.run_spec): the arm's resolved configuration, the warm start's
     # settings, and the library versions with a digest of rpg_trl's own source, so that another setting, another arm
     # configuration or changed code never reads a stale result.
-    from rpg_trl.losses import DEFAULT_KL_CLIP_MODE
     from rpg_research.cli.protocol import cached_result
+    from rpg_trl.losses import DEFAULT_KL_CLIP_MODE
 
     args = bench_algos.BenchAlgosArguments(quick=True, output_dir=str(tmp_path))
     config = bench_kl.kl_arm_config("RPG-URKL, token, default")

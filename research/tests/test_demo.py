@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from rpg_trl import RPGConfig
 from rpg_research.cli import main
 from rpg_research.cli.demo import DemoArguments
 from rpg_research.toy import addition, evaluation
+from rpg_trl import RPGConfig
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -9,9 +9,9 @@ import pytest
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_trl import RPGConfig, RPGTrainer
 from rpg_research.cli.bench_tasks import bench_task
 from rpg_research.cli.position_diagnostics import PositionDiagnostics, summarize_positions
+from rpg_trl import RPGConfig, RPGTrainer
 from tests.helpers.tiny_runs import PROMPTS, count_sevens, tiny_run_args
 
 

@@ -107,8 +107,8 @@ def main() -> None:
 
     import torch
 
-    from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
     from rpg_research.cpu_rollouts import cpu_backend
+    from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
 
     from helpers.async_harness import async_args, digit_reward
     from helpers.vllm_async_transfer import FileWeightTransfer

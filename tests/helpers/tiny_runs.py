@@ -84,8 +84,8 @@ def sevens_unless_even(completions, prompts, **kwargs):
 def make_trainer(model_dir, tmp_path, trainer_cls=None, config_cls=None, reward=count_sevens, **overrides):
     """A trainer (`RPGTrainer` by default, or e.g. TRL's `GRPOTrainer` with `GRPOConfig`) of a [`tiny_run_args`] run
     on the tiny model in `model_dir`, with the [`PROMPTS`] and the character tokenizer."""
-    from rpg_trl import RPGConfig, RPGTrainer
     from rpg_research.toy import build_char_tokenizer
+    from rpg_trl import RPGConfig, RPGTrainer
 
     args = (config_cls or RPGConfig)(**tiny_run_args(tmp_path, **overrides))
     return (trainer_cls or RPGTrainer)(

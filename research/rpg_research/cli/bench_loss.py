@@ -53,8 +53,8 @@ def _trainers(device, entropies, tokenizer, workdir: Path) -> dict:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rpg_trl import RPGConfig, RPGTrainer
     from rpg_research.toy.models import save_tiny_model
+    from rpg_trl import RPGConfig, RPGTrainer
 
     model_dir = save_tiny_model(workdir / "model", tokenizer)
     dataset = Dataset.from_dict({"prompt": ["1+1="] * 4})

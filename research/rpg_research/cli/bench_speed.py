@@ -129,10 +129,10 @@ def _train_scenario(opts, scenario: str, workdir: Path) -> dict:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rpg_trl import RPGConfig, RPGTrainer
     from rpg_research.toy.models import build_char_tokenizer
     from rpg_research.toy.rollouts import make_fixed_rollout
     from rpg_research.toy.training import activation_checkpointing
+    from rpg_trl import RPGConfig, RPGTrainer
 
     if opts.num_threads:
         torch.set_num_threads(opts.num_threads)

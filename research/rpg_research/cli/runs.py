@@ -113,9 +113,8 @@ def library_versions() -> dict[str, str]:
     import importlib.metadata
     import platform
 
-    import rpg_trl
-
     import rpg_research
+    import rpg_trl
 
     digest = hashlib.sha256()
     for package in (Path(rpg_trl.__file__).parent, Path(rpg_research.__file__).parent):

@@ -23,10 +23,8 @@ BATCH_NAMES = {"inputs", "batch", "generation_batch"}
 
 
 def _library_files() -> list[Path]:
-    # The library without the tooling, and without the table itself (which names everything it lists).
-    return sorted(
-        p for p in PACKAGE.rglob("*.py") if p.relative_to(PACKAGE).parts[0] != "tools" and p.name != "trl_surface.py"
-    )
+    # The library, without the table itself (which names everything it lists).
+    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "trl_surface.py")
 
 
 def test_the_installed_trl_has_every_private_name_the_library_relies_on():

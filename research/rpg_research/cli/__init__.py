@@ -1,7 +1,7 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 r"""The ``rpg-trl`` command line (console script declared in ``setup.cfg``; also ``python -m rpg_research.cli``).
 
-The command line is tooling around the library, not part of it: the commands train on the offline toy task of
+The command line belongs to the research package, not to the library: the commands train on the offline toy task of
 [`rpg_research.toy`] and call the library (`rpg_trl`); no library module imports `rpg_research.cli`.
 
 Each subcommand lives in its own module of this package, which registers itself with two functions:

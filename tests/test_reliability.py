@@ -841,7 +841,9 @@ def test_a_bad_string_prompt_row_is_refused_naming_row_column_and_what_is_allowe
         check_prompt_rows(_with_bad_row(bad), _char_tokenizer(), "training")
     message = str(caught.value)
     assert message.startswith(f"Row 5 of the training dataset: its 'prompt' column {what}")
-    assert "A prompt must be a non-empty string, or a non-empty list of chat messages {'role': str, 'content'" in message
+    assert (
+        "A prompt must be a non-empty string, or a non-empty list of chat messages {'role': str, 'content'" in message
+    )
     assert "gives at least one token that is not its unknown token" in message
 
 
@@ -850,7 +852,9 @@ def test_a_non_string_prompt_column_is_refused_at_its_first_row():
 
     from rpg_trl.reliability import check_prompt_rows
 
-    with pytest.raises(ValueError, match=r"^Row 0 of the evaluation dataset: its 'prompt' column is of type int, not a"):
+    with pytest.raises(
+        ValueError, match=r"^Row 0 of the evaluation dataset: its 'prompt' column is of type int, not a"
+    ):
         check_prompt_rows(Dataset.from_dict({"prompt": [3, 4]}), _char_tokenizer(), "evaluation")
 
 
@@ -882,7 +886,9 @@ def test_a_prompt_of_unknown_tokens_only_is_refused_and_one_unknown_word_is_not(
 
     tokenizer = _tokenizer_with_unknown_token()
     assert tokenizer("three four", add_special_tokens=False).input_ids == [2, 2]  # the tokenizer does not raise
-    with pytest.raises(ValueError, match=r"^Row 5 of the training dataset: its 'prompt' column encodes to the unknown"):
+    with pytest.raises(
+        ValueError, match=r"^Row 5 of the training dataset: its 'prompt' column encodes to the unknown"
+    ):
         check_prompt_rows(_with_bad_row("three four", good="one two"), tokenizer)
     check_prompt_rows(_with_bad_row("one three", good="one two"), tokenizer)  # some known text: kept
 

@@ -82,7 +82,9 @@ def _content_text(content) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
+        return "".join(
+            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
     return None
 
 
@@ -107,7 +109,10 @@ def prompt_problem(prompt) -> tuple[str | None, str | None]:
         text = _content_text(message.get("content"))
         if text is None:
             content = message.get("content")
-            return f"has message {position} whose 'content' is of type {type(content).__name__}, not a string or a list", ""
+            return (
+                f"has message {position} whose 'content' is of type {type(content).__name__}, not a string or a list",
+                "",
+            )
         texts.append(text)
     text = "\n".join(texts)
     if text.strip():
@@ -137,9 +142,9 @@ def _check_prompt_batch(prompts, indices, tokenizer, split: str) -> list[int]:
     if tokenizer is None:
         return [0] * len(texts)
     try:
-        encoded = tokenizer(
-            [text or "" for text in texts], add_special_tokens=False, return_attention_mask=False
-        )["input_ids"]
+        encoded = tokenizer([text or "" for text in texts], add_special_tokens=False, return_attention_mask=False)[
+            "input_ids"
+        ]
     except Exception:  # find the row (the tokenizer names no row; TRL would fail on it when it is sampled)
         encoded = []
         for index, prompt, text in zip(indices, prompts, texts):

@@ -40,8 +40,8 @@ from .vllm_server import VLLMServerError, check_server_model, server_errors_name
 
 
 class ReliabilityMixin(CommittedCheckpointsMixin):
-    """Reward guard, committed checkpoints and exact resume, length check and dataset check for a `GRPOTrainer`
-    subclass."""
+    """Reward guard, committed checkpoints and exact resume, length check, dataset and prompt-row checks, and the count
+    of non-finite vLLM sampling log-probs, for a `GRPOTrainer` subclass."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

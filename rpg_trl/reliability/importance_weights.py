@@ -108,8 +108,9 @@ def count_nonfinite_sampling_logps(trainer, batch: dict) -> int | None:
     [`NONFINITE_LOGPS_METRIC`] and warn the first time it is not zero (once per trainer). Returns the count, or None
     when the batch has no sampling log-probs (no vLLM). A collective call when the batch has them.
 
-    TRL 1.16 gives such a token an importance-sampling ratio of exactly 1 (it `nan_to_num`s the log-ratio): the
-    correction of `vllm_importance_sampling_correction` is off for it, and nothing else says so."""
+    TRL 1.16 gives a NaN token an importance-sampling ratio of exactly 1 (it `nan_to_num`s the log-ratio), and an
+    infinite one a ratio at the clip bound: the correction of `vllm_importance_sampling_correction` is off for them,
+    and nothing else says so."""
     logps = batch.get("sampling_per_token_logps")
     if logps is None:
         return None
@@ -126,7 +127,8 @@ def count_nonfinite_sampling_logps(trainer, batch: dict) -> int | None:
         logger.warning(
             f"Step {trainer.state.global_step}: {count} of the {tokens} completion tokens of a generation batch have a "
             "non-finite (NaN or infinite) sampling log-prob from the vLLM server. TRL 1.16 sets the importance-sampling "
-            "ratio of such a token to exactly 1, so `vllm_importance_sampling_correction` does not correct it. The "
+            "ratio of a NaN one to exactly 1 (of an infinite one, to the clip bound), so "
+            "`vllm_importance_sampling_correction` does not correct them. The "
             f"metric `{NONFINITE_LOGPS_METRIC}` counts them in every generation batch. Check the server's model, dtype "
             "and `vllm_importance_sampling_*` settings. (Reported once.)"
         )

@@ -87,7 +87,8 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
     # ---- GRPOTrainer: the loss and the generated batch
     *_methods(GRPO, "override", (_TRAINER_PY, _RFPP), "RPG's loss (Sec. 3, Tables 1 and 4) replaces GRPO's.",
               _compute_loss=("model", "inputs")),
-    *_methods(GRPO, "override", (_DS, _RFPP), "Dynamic sampling regenerates; REINFORCE++ recomputes advantages.",
+    *_methods(GRPO, "override", (_DS, _RFPP, _REL),
+              "Dynamic sampling regenerates; REINFORCE++ recomputes advantages; non-finite vLLM log-probs counted.",
               _generate_and_score_completions=("inputs",)),
     *_methods(GRPO, "override", (_DS, _REL), "The reward guard; dynamic sampling keeps each round's rewards.",
               _calculate_rewards=("inputs", "prompts", "completions", "completion_ids_list")),
@@ -144,16 +145,18 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
                 "RPGTrainer builds GRPOTrainer with sync_ref_model = False and installs its own "
                 "RefModelSyncCallback."),
     # ---- the batch of GRPOTrainer._generate_and_score_completions, read by _compute_loss
-    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _RFPP, _DS),
-           ("completion_ids", "completion_mask", "tool_mask")),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _RFPP, _DS), ("completion_ids",)),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _RFPP, _DS, "reliability/importance_weights.py"),
+           ("completion_mask", "tool_mask")),
     *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _RFPP),
            ("prompt_ids", "prompt_mask", "advantages", "old_per_token_logps", "ref_per_token_logps"),
            "REINFORCE++ replaces the advantages."),
     *_keys(f"{GRPO}._generate_and_score_completions", ("reliability/checks.py",), ("prompt_mask",)),
     *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _DS), ("num_items_in_batch",),
            "Dynamic sampling recounts it for the batch it keeps."),
-    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY,),
-           ("importance_sampling_ratio", "sampling_per_token_logps")),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY,), ("importance_sampling_ratio",)),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, "reliability/importance_weights.py"),
+           ("sampling_per_token_logps",), "Non-finite values (vLLM's NaN log-probs) are counted."),
     *_keys(f"{GRPO}._compute_loss", (_TRAINER_PY,), _MULTIMODAL, "Passed on to the model as GRPOTrainer does."),
     # ---- AsyncGRPOTrainer: the packed stream, its loss and its step accounting
     PrivateName(ASYNC_GRPO, "_metrics", "state", (_ASYNC,), note="mode -> metric -> list of values."),

@@ -797,3 +797,145 @@ def test_two_trainers_in_one_process_group_have_their_own_failure_record(monkeyp
     assert not watchers[1].running and store.values[f"{watchers[1].key}/watchers"] == 0
     process_failure._POSTED.clear()
     process_failure._WATCHERS.clear()
+
+
+# ==================================================================================================== prompt rows
+def _char_tokenizer():
+    from rpg_research.toy import build_char_tokenizer
+
+    return build_char_tokenizer()  # digits, '+-*=?:. \n' and 'Answer'; no unknown token: other characters raise
+
+
+def _tokenizer_with_unknown_token():
+    """A word-level tokenizer over two words whose unknown token is `[UNK]` (id 2)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel(vocab={"<pad>": 0, "one": 1, "[UNK]": 2, "two": 3}, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="[UNK]")
+
+
+def _with_bad_row(bad, index=5, good="1+1=", rows=8):
+    from datasets import Dataset
+
+    prompts = [good] * rows
+    prompts[index] = bad
+    return Dataset.from_list([{"prompt": p} for p in prompts])
+
+
+@pytest.mark.parametrize(
+    ("bad", "what"),
+    [
+        ("", "is an empty string"),
+        ("  \n ", "is an empty string"),
+        (None, "is None"),
+        ("1+é=", "makes the tokenizer raise Exception: WordLevel error: Missing [UNK] token"),
+    ],
+    ids=["empty", "whitespace", "none", "unencodable"],
+)
+def test_a_bad_string_prompt_row_is_refused_naming_row_column_and_what_is_allowed(bad, what):
+    from rpg_trl.reliability import check_prompt_rows
+
+    with pytest.raises(ValueError) as caught:
+        check_prompt_rows(_with_bad_row(bad), _char_tokenizer(), "training")
+    message = str(caught.value)
+    assert message.startswith(f"Row 5 of the training dataset: its 'prompt' column {what}")
+    assert (
+        "A prompt must be a non-empty string, or a non-empty list of chat messages {'role': str, 'content'" in message
+    )
+    assert "gives at least one token that is not its unknown token" in message
+
+
+def test_a_non_string_prompt_column_is_refused_at_its_first_row():
+    from datasets import Dataset
+
+    from rpg_trl.reliability import check_prompt_rows
+
+    with pytest.raises(
+        ValueError, match=r"^Row 0 of the evaluation dataset: its 'prompt' column is of type int, not a"
+    ):
+        check_prompt_rows(Dataset.from_dict({"prompt": [3, 4]}), _char_tokenizer(), "evaluation")
+
+
+@pytest.mark.parametrize(
+    ("bad", "what"),
+    [
+        ([], "is an empty list of chat messages"),
+        ([{"role": "user", "content": None}], "has message 0 whose 'content' is of type NoneType, not a string or a"),
+        ([{"role": None, "content": "1+1="}], "has message 0 without a string 'role' (role: None)"),
+        ([{"role": "user", "content": ""}], "is a list of chat messages without any text"),
+        ([{"role": "user", "content": "1+é"}], "makes the tokenizer raise Exception"),
+    ],
+    ids=["no-messages", "content-none", "role-none", "no-text", "unencodable"],
+)
+def test_a_malformed_or_unencodable_chat_prompt_row_is_refused_naming_it(bad, what):
+    from rpg_trl.reliability import check_prompt_rows
+
+    good = [{"role": "system", "content": "2+2="}, {"role": "user", "content": "1+1="}]
+    with pytest.raises(ValueError) as caught:
+        check_prompt_rows(_with_bad_row(bad, index=2, good=good, rows=4), _char_tokenizer(), "training")
+    assert str(caught.value).startswith(f"Row 2 of the training dataset: its 'prompt' column {what}")
+    check_prompt_rows(_with_bad_row(good, index=2, good=good, rows=4), _char_tokenizer())  # the good rows pass
+    parts = [{"role": "user", "content": [{"type": "text", "text": "1+1="}]}]  # content parts (multimodal form)
+    check_prompt_rows(_with_bad_row(parts, index=2, good=parts, rows=4), _char_tokenizer())
+
+
+def test_a_prompt_of_unknown_tokens_only_is_refused_and_one_unknown_word_is_not():
+    from rpg_trl.reliability import check_prompt_rows
+
+    tokenizer = _tokenizer_with_unknown_token()
+    assert tokenizer("three four", add_special_tokens=False).input_ids == [2, 2]  # the tokenizer does not raise
+    with pytest.raises(
+        ValueError, match=r"^Row 5 of the training dataset: its 'prompt' column encodes to the unknown"
+    ):
+        check_prompt_rows(_with_bad_row("three four", good="one two"), tokenizer)
+    check_prompt_rows(_with_bad_row("one three", good="one two"), tokenizer)  # some known text: kept
+
+
+def test_every_row_is_checked_with_one_tokenizer_call_per_thousand_rows_and_a_bar_above_ten_thousand(capsys):
+    from datasets import Dataset
+
+    from rpg_trl.reliability import check_prompt_rows
+
+    tokenizer = _char_tokenizer()
+    calls = []
+    backend_call = type(tokenizer).__call__
+
+    class Counting(type(tokenizer)):
+        def __call__(self, text, *args, **kwargs):
+            calls.append(1 if isinstance(text, str) else len(text))
+            return backend_call(self, text, *args, **kwargs)
+
+    tokenizer.__class__ = Counting
+    check_prompt_rows(Dataset.from_dict({"prompt": ["1+2="] * 10_000}), tokenizer)
+    assert calls == [1000] * 10 and "Checking the prompts" not in capsys.readouterr().err
+    calls.clear()
+    rows = Dataset.from_dict({"prompt": ["1+2="] * 17_000 + ["1+é="]})
+    with pytest.raises(ValueError, match=r"^Row 17000 of the training dataset"):
+        check_prompt_rows(rows, tokenizer)
+    # 17 calls of 1000 rows, then the last batch of one row, which raises and is encoded again alone to find the row.
+    assert calls == [1000] * 17 + [1, 1]
+    assert "Checking the prompts of the training dataset" in capsys.readouterr().err
+    check_prompt_rows(Dataset.from_dict({"prompt": ["1+2="] * 10_001}), tokenizer, show_progress=False)
+    assert "Checking the prompts" not in capsys.readouterr().err
+
+
+def test_an_iterable_dataset_is_checked_row_by_row_as_the_rows_arrive():
+    from datasets import Features, IterableDataset, Value
+
+    from rpg_trl.reliability import check_prompt_rows
+
+    prompts = [f"{i}+1=" for i in range(7)] + ["", "8+1="]
+    features = Features({"prompt": Value("string"), "answer": Value("int64")})
+    stream = IterableDataset.from_generator(
+        lambda: ({"prompt": p, "answer": i + 1} for i, p in enumerate(prompts)), features=features
+    )
+    checked = check_prompt_rows(stream, _char_tokenizer(), "training")
+    assert isinstance(checked, IterableDataset) and checked.features == features
+    arrived = []
+    with pytest.raises(ValueError, match=r"^Row 7 of the training dataset: its 'prompt' column is an empty string"):
+        for row in checked:
+            arrived.append(row)
+    good = IterableDataset.from_generator(lambda: ({"prompt": p, "answer": 0} for p in prompts[:7]), features=features)
+    assert list(check_prompt_rows(good, _char_tokenizer())) == [{"prompt": p, "answer": 0} for p in prompts[:7]]

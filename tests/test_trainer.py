@@ -234,3 +234,125 @@ def test_a_grpo_user_script_runs_with_only_the_class_names_swapped(tiny_model_di
     assert isinstance(trainer, RPGTrainer) and trainer.state.global_step == 2
     assert trainer.args.aggregation == "seq-mean-token-mean"  # loss_type="grpo" keeps choosing the aggregation
     assert all(math.isfinite(x) for x in logged(trainer, "loss"))
+
+
+# ---------------------------------------------------------------------------------------------------- bad prompt rows
+@pytest.mark.parametrize("split", ["training", "evaluation"])
+def test_a_bad_prompt_row_is_refused_when_the_trainer_is_built_not_when_sampled(tiny_model_dir, tmp_path, split):
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    prompts = list(PROMPTS["prompt"])
+    prompts[57] = None if split == "training" else "5+é="  # None; a character the tokenizer cannot encode
+    bad = Dataset.from_dict({"prompt": prompts})
+    datasets = {"train_dataset": bad} if split == "training" else {"train_dataset": PROMPTS, "eval_dataset": bad}
+    what = "is None" if split == "training" else "makes the tokenizer raise"
+    args = RPGConfig(**tiny_run_args(tmp_path, eval_strategy="no"))
+    with pytest.raises(ValueError, match=rf"^Row 57 of the {split} dataset: its 'prompt' column {what}"):
+        RPGTrainer(tiny_model_dir, count_sevens, args=args, processing_class=build_char_tokenizer(), **datasets)
+    # TRL builds its trainer on the same data without a word: it would fail only when row 57 is sampled.
+    GRPOTrainer(
+        tiny_model_dir,
+        count_sevens,
+        args=GRPOConfig(**tiny_run_args(tmp_path)),
+        processing_class=build_char_tokenizer(),
+        **datasets,
+    )
+
+
+def test_a_bad_row_of_an_iterable_dataset_is_refused_naming_it_when_it_arrives(tiny_model_dir, tmp_path):
+    from datasets import IterableDataset
+
+    prompts = list(PROMPTS["prompt"])
+    prompts[9] = ""
+    stream = IterableDataset.from_generator(lambda: ({"prompt": p} for p in prompts))
+    good = IterableDataset.from_generator(lambda: ({"prompt": p} for p in PROMPTS["prompt"]))
+    args = RPGConfig(**tiny_run_args(tmp_path))
+    tokenizer = build_char_tokenizer()
+    trainer = RPGTrainer(tiny_model_dir, count_sevens, args=args, train_dataset=stream, processing_class=tokenizer)
+    with pytest.raises(ValueError, match=r"^Row 9 of the training dataset: its 'prompt' column is an empty string"):
+        trainer.train()  # (built without reading the stream)
+    trainer = RPGTrainer(tiny_model_dir, count_sevens, args=args, train_dataset=good, processing_class=tokenizer)
+    trainer.train()
+    assert trainer.state.global_step == 2 and all(math.isfinite(x) for x in logged(trainer, "loss"))
+
+
+def test_a_prompt_too_long_for_the_context_is_reported_when_the_trainer_is_built_naming_the_bound(
+    tiny_model_dir, tmp_path, caplog
+):
+    import logging
+
+    from datasets import Dataset
+    from transformers import AutoConfig
+
+    from helpers.tiny_runs import rpg_warnings
+
+    context = AutoConfig.from_pretrained(tiny_model_dir).max_position_embeddings
+    fits = "1+2=" * ((context - 8) // 4)  # with max_completion_length = 8: exactly the context
+    too_long = fits + "3+4="
+    dataset = Dataset.from_dict({"prompt": ["1+2=", fits, too_long, "5+6=", too_long]})
+    args = RPGConfig(**tiny_run_args(tmp_path, max_completion_length=8))
+    with caplog.at_level(logging.WARNING):
+        trainer = RPGTrainer(
+            tiny_model_dir, count_sevens, args=args, train_dataset=dataset, processing_class=build_char_tokenizer()
+        )
+    messages = [m for m in rpg_warnings(caplog) if "max_position_embeddings" in m]
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(
+        f"A prompt of {len(too_long)} tokens (row 2 of the training dataset, and 1 other row(s); the text of a "
+        f"conversational prompt, without its chat template) plus max_completion_length = 8 exceeds the model's "
+        f"max_position_embeddings = {context}."
+    )
+    assert "is the model's `config.max_position_embeddings` minus `max_completion_length`" in messages[0]
+    assert "no `max_prompt_length`" in messages[0]
+    assert trainer._warned_sequence_length  # the run's one length warning
+
+
+# ---------------------------------------------------------------------------------------------------- vLLM log-probs
+def test_nonfinite_vllm_sampling_logps_are_counted_logged_and_reported_once(tiny_model_dir, tmp_path, caplog):
+    """vLLM's sampling log-probs with NaN (vLLM sends `None`, TRL makes it NaN) and -inf: TRL's importance-sampling
+    correction gives those tokens a ratio of exactly 1; RPGTrainer counts them per generation batch
+    (`vllm/nonfinite_logps`) and warns once. The server is faked at `_generate_single_turn`, which returns what TRL's
+    vLLM branch returns (completion ids and the sampled tokens' log-probs)."""
+    import logging
+
+    from helpers.tiny_runs import rpg_warnings
+
+    trainer = make_trainer(tiny_model_dir, tmp_path)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # the branch TRL takes with vLLM
+    trainer.vllm_importance_sampling_mode = "token_truncate"
+    tokenizer = trainer.processing_class
+    bad = {(0, 1): None, (3, 0): float("nan"), (6, 2): float("-inf")}  # (row, token) -> what the server sent
+
+    def fake_server(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        completions, logprobs = [], []
+        for row in range(len(prompt_ids)):
+            ids = tokenizer("7" * (3 + row % 4), add_special_tokens=False).input_ids  # ragged: 3 to 6 tokens
+            completions.append(ids)
+            logprobs.append([bad.get((row, t), -1.5) for t in range(len(ids))])
+        return completions, logprobs
+
+    trainer._generate_single_turn = fake_server
+    inputs = [{"prompt": p} for p in PROMPTS["prompt"][:2] for _ in range(4)]  # 2 groups of 4
+    tokens = sum(3 + row % 4 for row in range(8))
+    trainer.model.train()
+    with caplog.at_level(logging.WARNING):
+        batches = [trainer._generate_and_score_completions(inputs) for _ in range(2)]
+    assert trainer._metrics["train"]["vllm/nonfinite_logps"] == [3.0, 3.0]
+    warnings = [m for m in rpg_warnings(caplog) if "non-finite" in m]
+    assert len(warnings) == 1 and f"3 of the {tokens} completion tokens" in warnings[0]
+    assert "`vllm/nonfinite_logps`" in warnings[0]
+    # What is reported: TRL's ratio is exactly 1 for those tokens, and it corrects every other one.
+    ratio = batches[0]["importance_sampling_ratio"]
+    mask = batches[0]["completion_mask"].bool()
+    flagged = torch.zeros_like(mask)
+    for row, token in bad:
+        flagged[row, token] = True
+    assert ratio[0, 1] == 1.0 and ratio[3, 0] == 1.0  # NaN: no correction, silently
+    assert ratio[6, 2] == trainer.vllm_importance_sampling_clip_max  # -inf: an infinite ratio, truncated
+    assert not torch.any(ratio[mask & ~flagged] == 1.0)
+    # Without vLLM's log-probs (transformers generation) nothing is logged.
+    del trainer._generate_single_turn
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = False
+    trainer._generate_and_score_completions(inputs)
+    assert trainer._metrics["train"]["vllm/nonfinite_logps"] == [3.0, 3.0]

@@ -12,8 +12,11 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
   complete checkpoints only (naming each incomplete one and what it lacks), and a full disk is named.
 * [`rpg_trl.reliability.generation_state`]: the buffered generation batch and the micro-step counter are saved with each checkpoint, so a
   resumed run continues exactly where the interrupted one was, also in the middle of a generation cycle.
-* [`checks`]: datasets without a `prompt` column are refused when the trainer is built; a prompt that, with
-  `max_completion_length`, exceeds the model's positions is reported once.
+* [`checks`]: datasets without a `prompt` column, and rows whose prompt is empty, None, not a string or chat messages,
+  or not encodable by the tokenizer, are refused when the trainer is built (rows of an iterable dataset as they
+  arrive), naming the row; a prompt that, with `max_completion_length`, exceeds the model's positions is reported once.
+* [`rpg_trl.reliability.importance_weights`]: non-finite sampling log-probs from the vLLM server are counted
+  (`vllm/nonfinite_logps`) and reported once.
 * [`rpg_trl.reliability.importance_weights`]: exploding importance weights are reported (rate-limited), by a mixin of
   its own ([`ImportanceWeightMonitorMixin`]) that the RPG trainers list in their class line.
 * [`rpg_trl.reliability.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock; a colocated
@@ -27,9 +30,9 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 from __future__ import annotations
 
 from .checkpoints import CommittedCheckpointsMixin, DiskFullError
-from .checks import check_prompt_column, check_sequence_length
+from .checks import check_prompt_column, check_prompt_rows, check_sequence_length, check_trainer_prompt_rows
 from .generation_state import load_generation_state, save_generation_state
-from .importance_weights import ImportanceWeightMonitor, ImportanceWeightMonitorMixin
+from .importance_weights import ImportanceWeightMonitor, ImportanceWeightMonitorMixin, count_nonfinite_sampling_logps
 from .process_failure import watching
 from .reward_guard import RewardFunctionError, RewardGuard
 from .teardown import hold_process_group_until_exit, shutdown_colocated_vllm
@@ -37,8 +40,8 @@ from .vllm_server import VLLMServerError, check_server_model, server_errors_name
 
 
 class ReliabilityMixin(CommittedCheckpointsMixin):
-    """Reward guard, committed checkpoints and exact resume, length check and dataset check for a `GRPOTrainer`
-    subclass."""
+    """Reward guard, committed checkpoints and exact resume, length check, dataset and prompt-row checks, and the count
+    of non-finite vLLM sampling log-probs, for a `GRPOTrainer` subclass."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -48,6 +51,9 @@ class ReliabilityMixin(CommittedCheckpointsMixin):
         if getattr(self, "environment_factories", None) is None:
             check_prompt_column(self.train_dataset, "training")
             check_prompt_column(self.eval_dataset, "evaluation")
+            # ... and a clear error now for a bad row (empty, None, not a string or chat messages, not encodable),
+            # naming it, not a nameless error when it is sampled, maybe hours in (iterable datasets: as rows arrive).
+            check_trainer_prompt_rows(self)
         hold_process_group_until_exit()  # a gloo group is destroyed at exit without PyTorch's teardown deadlock
         check_server_model(self)  # vLLM server mode: the server's model has the trained model's weight shapes
         watch_for_server_failure(self)  # ... and every process stops, naming it, when it fails mid-request
@@ -87,6 +93,13 @@ class ReliabilityMixin(CommittedCheckpointsMixin):
         super()._load_rng_state(checkpoint)
         load_generation_state(self, checkpoint)
 
+    def _generate_and_score_completions(self, inputs):
+        # vLLM's sampling log-probs that are NaN or infinite are counted, logged and reported (TRL silently gives them
+        # an importance-sampling ratio of 1).
+        batch = super()._generate_and_score_completions(inputs)
+        count_nonfinite_sampling_logps(self, batch)
+        return batch
+
     def _prepare_inputs(self, generation_batch):
         inputs = super()._prepare_inputs(generation_batch)
         check_sequence_length(self, inputs)
@@ -103,6 +116,8 @@ __all__ = [
     "RewardGuard",
     "VLLMServerError",
     "check_prompt_column",
+    "check_prompt_rows",
     "check_sequence_length",
+    "count_nonfinite_sampling_logps",
     "shutdown_colocated_vllm",
 ]

@@ -7,12 +7,17 @@ the reward gradient of tokens outside the trust region (`clip_ratio/*` metrics).
 once every [`IMPORTANCE_WEIGHT_WARNING_INTERVAL`] optimizer steps: [`ImportanceWeightMonitor`] decides,
 [`ImportanceWeightMonitorMixin`] gives it to a trainer ([`~rpg_trl.RPGTrainer`] and
 [`~rpg_trl.async_rpg.AsyncRPGTrainer`]).
+
+The importance-sampling correction for vLLM (TRL's `vllm_importance_sampling_correction`) needs the server's sampling
+log-probs: [`count_nonfinite_sampling_logps`] counts those that are NaN or infinite in each generation batch (metric
+`vllm/nonfinite_logps`) and warns once per run, since TRL then silently uses a ratio of 1.
 """
 
 from __future__ import annotations
 
 import math
 
+import torch
 from transformers.utils import logging
 
 
@@ -89,3 +94,42 @@ class ImportanceWeightMonitorMixin:
         if self.model.training:  # the training metrics of this logging interval, before `log` clears them
             self.importance_weight_monitor.check_logged(self._metrics["train"], self.state.global_step)
         super().log(logs, start_time)
+
+
+# ---------------------------------------------------------------------------------------------------- server log-probs
+#: The metric of [`count_nonfinite_sampling_logps`]: per generation batch, the completion tokens (all processes) whose
+#: sampling log-prob from vLLM is NaN or infinite.
+NONFINITE_LOGPS_METRIC = "vllm/nonfinite_logps"
+
+
+def count_nonfinite_sampling_logps(trainer, batch: dict) -> int | None:
+    """Count the completion tokens of a scored batch (GRPOTrainer's `_generate_and_score_completions` output) whose
+    sampling log-prob (`sampling_per_token_logps`, vLLM's) is not finite, over all processes; log the count as
+    [`NONFINITE_LOGPS_METRIC`] and warn the first time it is not zero (once per trainer). Returns the count, or None
+    when the batch has no sampling log-probs (no vLLM). A collective call when the batch has them.
+
+    TRL 1.16 gives a NaN token an importance-sampling ratio of exactly 1 (it `nan_to_num`s the log-ratio), and an
+    infinite one a ratio at the clip bound: the correction of `vllm_importance_sampling_correction` is off for them,
+    and nothing else says so."""
+    logps = batch.get("sampling_per_token_logps")
+    if logps is None:
+        return None
+    mask = batch["completion_mask"].bool()
+    if batch.get("tool_mask") is not None:
+        mask = mask & batch["tool_mask"].bool()
+    local = (~torch.isfinite(logps) & mask).sum()
+    total = torch.stack([local, mask.sum()]).to(trainer.accelerator.device)
+    count, tokens = (int(v) for v in trainer.accelerator.gather(total).view(-1, 2).sum(dim=0).tolist())
+    mode = "train" if trainer.model.training else "eval"
+    trainer._metrics[mode][NONFINITE_LOGPS_METRIC].append(float(count))
+    if count and not getattr(trainer, "_warned_nonfinite_logps", False):
+        trainer._warned_nonfinite_logps = True
+        logger.warning(
+            f"Step {trainer.state.global_step}: {count} of the {tokens} completion tokens of a generation batch have a "
+            "non-finite (NaN or infinite) sampling log-prob from the vLLM server. TRL 1.16 sets the importance-sampling "
+            "ratio of a NaN one to exactly 1 (of an infinite one, to the clip bound), so "
+            "`vllm_importance_sampling_correction` does not correct them. The "
+            f"metric `{NONFINITE_LOGPS_METRIC}` counts them in every generation batch. Check the server's model, dtype "
+            "and `vllm_importance_sampling_*` settings. (Reported once.)"
+        )
+    return count

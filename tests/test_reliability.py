@@ -48,11 +48,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ==================================================================================================== checkpoints
 def _folder(root, step, files=(), record=None):
-    """A `checkpoint-{step}` folder with the (empty, or named with contents) `files` and a commit record."""
+    """A `checkpoint-{step}` folder with the (one-byte, or named with contents) `files` and a commit record; without
+    a record, a `trainer_state.json` holds `{}` unless its contents are named (it must parse then)."""
     folder = root / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     for name in files:
-        name, content = name if isinstance(name, tuple) else (name, "x")
+        default = "{}" if name == "trainer_state.json" and record is None else "x"
+        name, content = name if isinstance(name, tuple) else (name, default)
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(content)
     if record is not None:

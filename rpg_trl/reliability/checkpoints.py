@@ -14,8 +14,9 @@ part. And `save_total_limit` may already have deleted the previous, complete che
    (a save that did not finish, or one by more processes), and every process waits for that;
 2. the trainer saves as usual (model or shards, optimizer, scheduler, RNG, RPG's own files, `trainer_state.json`);
 3. every process waits for the others (`accelerator.wait_for_everyone()`: all of them have written and closed their
-   files), then the saving process flushes every file of the folder to the disk (`fsync`) and replaces the record,
-   atomically, by `"complete": true` with the list of the files and their sizes;
+   files), then the saving process reads every file of the folder once (the sha256 digest of its content), flushes
+   it to the disk (`fsync`) and replaces the record, atomically, by `"complete": true` with the list of the files,
+   their sizes and their digests;
 4. only then is the checkpoint pushed to the Hub (`push_to_hub` with `hub_strategy="checkpoint"` or
    `"all_checkpoints"`: `transformers` pushes from inside its save, before the commit, a folder that a resume
    refuses), and older checkpoints rotated out (`save_total_limit`), complete ones only: the newest complete
@@ -424,9 +425,10 @@ def _warn_on_rng_files_of_another_process_count(checkpoint: str, world_size: int
         )
         return
     if missing:
-        why = f"it was written by {written} process(es)" if written else (
-            "it was written by another number of processes, or by a save that its highest rank did not finish"
-        )
+        if written:
+            why = f"it was written by {written} process(es)"
+        else:
+            why = "it was written by another number of processes, or by a save that its highest rank did not finish"
         clause = f"it has no {_named(missing)} ({why})"
     else:
         clause = f"its RNG files are those of a save by {writers} process(es)"

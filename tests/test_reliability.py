@@ -321,7 +321,7 @@ def test_a_commit_records_each_files_digest_and_a_changed_file_of_the_same_size_
     assert rpg_warnings(caplog) == [f"Skipping the incomplete checkpoint {four}: it lacks {changed}."]
     with pytest.raises(ValueError) as refused:
         resolve_resume_checkpoint(four, str(tmp_path), world_size=1)
-    assert str(refused.value).startswith(f"Cannot resume from {four}: the checkpoint is damaged (its save finished")
+    assert str(refused.value).startswith(f"Cannot resume from {four}: the checkpoint is incomplete, damaged after its save (a file")
     assert f"it lacks {changed}. Resume from a complete checkpoint" in str(refused.value)
 
     # An earlier version's record: files and sizes, no digests.

@@ -295,8 +295,8 @@ def resolve_resume_checkpoint(
             record = _read_record(checkpoint)
             if record is not None and record.get("complete"):
                 what = (
-                    "damaged (its save finished, and a file changed since its commit: deleted, cut short, "
-                    "overwritten or corrupted on the disk or in a copy)"
+                    "incomplete, damaged after its save (a file changed since its commit: deleted, cut short, "
+                    "overwritten, or corrupted on the disk or in a copy)"
                 )
             else:
                 what = "incomplete (its save did not finish"

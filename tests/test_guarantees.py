@@ -7,6 +7,7 @@ in `docs/guarantees.md`.
 """
 
 import errno
+import hashlib
 import json
 import logging
 import math
@@ -27,7 +28,7 @@ from huggingface_hub.hf_api import DEFAULT_IGNORE_PATTERNS
 from huggingface_hub.utils import filter_repo_objects
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from transformers import AutoConfig
+from transformers import AutoConfig, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
@@ -369,6 +370,94 @@ def test_a_grpo_trainer_checkpoint_without_its_optimizer_or_an_rng_file_is_refus
     skipped = [m for m in rpg_warnings(caplog) if "Skipping the incomplete checkpoint" in m]
     assert [m.split(":")[0].split()[-1] for m in skipped] == [str(no_optimizer), str(one_rank)]
     assert rpg.state.global_step == 0  # nothing was trained
+
+
+def _flip_bytes(path, count=64):
+    """Invert `count` bytes in the middle of the file at `path` (its size unchanged)."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2 - count // 2
+    data[middle : middle + count] = bytes(b ^ 0xFF for b in data[middle : middle + count])
+    path.write_bytes(bytes(data))
+
+
+class _StepCounter(TrainerCallback):
+    def __init__(self):
+        self.steps = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
+def test_a_grpo_trainer_checkpoint_with_its_trainer_state_cut_short_falls_back_to_the_one_before(
+    tiny_model_dir, tmp_path, caplog
+):
+    """A `GRPOTrainer` checkpoint (no commit record) whose `trainer_state.json` was cut short by a kill in the middle
+    of its write: `transformers` would take it and crash (`JSONDecodeError`); `resume_from_checkpoint=True` skips it
+    with a warning naming the file and trains from the checkpoint before it; named explicitly, it is refused naming
+    the file."""
+    grpo = make_tiny_trainer(
+        tiny_model_dir, tmp_path, GRPOTrainer, GRPOConfig, save_strategy="steps", save_steps=1, max_steps=2
+    )
+    grpo.train()
+    state = tmp_path / "checkpoint-2" / "trainer_state.json"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    assert get_last_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-2")  # what transformers would take
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(state.read_text())
+    rpg = make_tiny_trainer(tiny_model_dir, tmp_path, save_strategy="no", max_steps=3)
+    with pytest.raises(ValueError, match=r"checkpoint-2: the checkpoint is incomplete .* lacks a readable trainer_st"):
+        rpg.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    counter = _StepCounter()
+    rpg.add_callback(counter)
+    with caplog.at_level(logging.WARNING):
+        rpg.train(resume_from_checkpoint=True)
+    assert counter.steps == [2, 3]  # from checkpoint-1
+    (skipped,) = [m for m in rpg_warnings(caplog) if "Skipping" in m]
+    assert skipped.startswith(f"Skipping the incomplete checkpoint {tmp_path / 'checkpoint-2'}: it lacks a readable ")
+    assert "trainer_state.json (it does not parse, JSONDecodeError" in skipped
+
+
+def test_a_committed_checkpoint_with_flipped_bytes_in_its_weights_or_optimizer_does_not_count(
+    tiny_model_dir, tmp_path, caplog
+):
+    """RPGTrainer commits each checkpoint with the sha256 of every file (equal to `hashlib`'s over the files as
+    saved). 64 bytes flipped in checkpoint-3's `optimizer.pt` and in checkpoint-2's `model.safetensors`, sizes
+    unchanged (a size check passes both, and `transformers` loads them silently): `resume_from_checkpoint=True` skips
+    both, with a warning naming each file, and trains from checkpoint-1; checkpoint-3 named explicitly is refused as
+    damaged, naming `optimizer.pt`."""
+    rpg = make_tiny_trainer(tiny_model_dir, tmp_path, save_strategy="steps", save_steps=1, max_steps=3)
+    rpg.train()
+    for step in (1, 2, 3):
+        folder = tmp_path / f"checkpoint-{step}"
+        record = json.loads((folder / "rpg_checkpoint.json").read_text())
+        on_disk = {
+            str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in folder.rglob("*")
+            if p.is_file() and p.name != "rpg_checkpoint.json"
+        }
+        assert record["digest"] == "sha256" and record["digests"] == on_disk
+    optimizer, weights = tmp_path / "checkpoint-3" / "optimizer.pt", tmp_path / "checkpoint-2" / "model.safetensors"
+    sizes = optimizer.stat().st_size, weights.stat().st_size
+    _flip_bytes(optimizer)
+    _flip_bytes(weights)
+    assert (optimizer.stat().st_size, weights.stat().st_size) == sizes
+    assert is_complete(str(tmp_path / "checkpoint-3"), verify_digests=False)  # what a size check alone sees
+    changed = "as committed (the same size, another content: its sha256 digest differs from the commit's)"
+    assert checkpoint_problems(str(tmp_path / "checkpoint-3")) == [f"optimizer.pt {changed}"]
+    assert checkpoint_problems(str(tmp_path / "checkpoint-2")) == [f"model.safetensors {changed}"]
+
+    resumed = make_tiny_trainer(tiny_model_dir, tmp_path, save_strategy="no", max_steps=4)
+    with pytest.raises(ValueError, match=r"checkpoint-3: the checkpoint is incomplete, damaged after .* lacks optimizer\.pt as comm"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
+    counter = _StepCounter()
+    resumed.add_callback(counter)
+    with caplog.at_level(logging.WARNING):
+        resumed.train(resume_from_checkpoint=True)
+    assert counter.steps == [2, 3, 4]  # from checkpoint-1
+    assert [m for m in rpg_warnings(caplog) if "Skipping" in m] == [
+        f"Skipping the incomplete checkpoint {tmp_path / 'checkpoint-3'}: it lacks optimizer.pt {changed}.",
+        f"Skipping the incomplete checkpoint {tmp_path / 'checkpoint-2'}: it lacks model.safetensors {changed}.",
+    ]
 
 
 # ==================================================================================================== hostile rewards

@@ -5,6 +5,7 @@ rotation makes of incomplete folders (`checkpoints.py`), the generation state sa
 `tests/test_multiprocess.py` (docs/guarantees.md)."""
 
 import asyncio
+import hashlib
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ from rpg_trl.reliability.checkpoints import (
     mark_being_written,
     resolve_resume_checkpoint,
     rotate_complete_checkpoints,
+    saved_checkpoints_sentence,
 )
 from rpg_trl.reliability.generation_state import load_generation_state, save_generation_state
 
@@ -48,11 +50,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ==================================================================================================== checkpoints
 def _folder(root, step, files=(), record=None):
-    """A `checkpoint-{step}` folder with the (empty, or named with contents) `files` and a commit record."""
+    """A `checkpoint-{step}` folder with the (one-byte, or named with contents) `files` and a commit record; without
+    a record, a `trainer_state.json` holds `{}` unless its contents are named (it must parse then)."""
     folder = root / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     for name in files:
-        name, content = name if isinstance(name, tuple) else (name, "x")
+        default = "{}" if name == "trainer_state.json" and record is None else "x"
+        name, content = name if isinstance(name, tuple) else (name, default)
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_text(content)
     if record is not None:
@@ -280,6 +284,174 @@ def test_a_resume_refuses_stale_files_outside_the_commit_and_names_another_proce
     with caplog.at_level(logging.WARNING):
         assert resolve_resume_checkpoint(two, str(runs), world_size=2) == two
     assert rpg_warnings(caplog) == []
+
+
+def _flip(path, count=64):
+    """Invert `count` bytes in the middle of the file at `path`: its size stays, its content changes."""
+    data = bytearray(Path(path).read_bytes())
+    middle = len(data) // 2 - count // 2
+    data[middle : middle + count] = bytes(b ^ 0xFF for b in data[middle : middle + count])
+    Path(path).write_bytes(bytes(data))
+
+
+def test_a_commit_records_each_files_digest_and_a_changed_file_of_the_same_size_does_not_count(tmp_path, caplog):
+    """The commit record holds the sha256 of each file's content (compared here with `hashlib` over the bytes the
+    test wrote). 64 flipped bytes in checkpoint-4's `optimizer.pt` (its size unchanged): `resume_from_checkpoint=True`
+    skips checkpoint-4 with a warning naming the file and takes checkpoint-2; named explicitly, checkpoint-4 is refused
+    with an error that names the file and says the checkpoint is damaged. A record of an earlier version, without
+    digests, is checked by size: accepted when the sizes hold, named when one does not."""
+    names = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"]
+    two = _save(tmp_path, 2, 1, names)
+    four = _save(tmp_path, 4, 1, names)
+    record = json.loads((tmp_path / "checkpoint-4" / COMMIT_RECORD).read_text())
+    assert record["digest"] == "sha256"
+    assert record["digests"] == {name: hashlib.sha256(b"step 4").hexdigest() for name in names}
+    assert checkpoint_problems(four) == []
+
+    optimizer = tmp_path / "checkpoint-4" / "optimizer.pt"
+    optimizer.write_bytes(os.urandom(4096))  # a real-sized file, committed again, then 64 of its bytes flipped
+    commit_checkpoint(_saver(tmp_path), four)
+    _flip(optimizer)
+    assert optimizer.stat().st_size == 4096
+    changed = "optimizer.pt as committed (the same size, another content: its sha256 digest differs from the commit's)"
+    assert checkpoint_problems(four) == [changed]
+    assert checkpoint_problems(four, verify_digests=False) == []  # what a size check alone sees
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume_checkpoint(True, str(tmp_path), world_size=1) == two
+    assert rpg_warnings(caplog) == [f"Skipping the incomplete checkpoint {four}: it lacks {changed}."]
+    with pytest.raises(ValueError) as refused:
+        resolve_resume_checkpoint(four, str(tmp_path), world_size=1)
+    assert str(refused.value).startswith(f"Cannot resume from {four}: the checkpoint is incomplete, damaged after its save (a file")
+    assert f"it lacks {changed}. Resume from a complete checkpoint" in str(refused.value)
+
+    # An earlier version's record: files and sizes, no digests.
+    legacy = json.loads((tmp_path / "checkpoint-2" / COMMIT_RECORD).read_text())
+    del legacy["digests"], legacy["digest"]
+    (tmp_path / "checkpoint-2" / COMMIT_RECORD).write_text(json.dumps(legacy))
+    _flip(tmp_path / "checkpoint-2" / "model.safetensors", count=2)  # invisible to a size check
+    assert checkpoint_problems(two) == []
+    (tmp_path / "checkpoint-2" / "scheduler.pt").write_text("step")
+    assert checkpoint_problems(two) == ["scheduler.pt as committed (6 bytes; 4 now)"]
+
+
+def test_without_a_record_a_trainer_state_cut_short_does_not_count(tmp_path, caplog):
+    """A checkpoint of a trainer that does not commit, killed while it wrote `trainer_state.json` (the file cut short:
+    `transformers` would fail to load it with a `JSONDecodeError`): `resume_from_checkpoint=True` skips it with a
+    warning naming the file and takes the checkpoint before it; named explicitly, it is refused naming the file."""
+    from transformers import TrainerState
+
+    state = json.dumps({"global_step": 4, "log_history": [{"loss": 0.5, "step": 4}]})
+    files = ["model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth"]
+    before = _folder(tmp_path, 2, [*files, "trainer_state.json"])
+    cut = _folder(tmp_path, 4, [*files, ("trainer_state.json", state[: len(state) // 2])])
+    with pytest.raises(json.JSONDecodeError):  # what transformers' resume does with it
+        TrainerState.load_from_json(os.path.join(cut, "trainer_state.json"))
+    (problem,) = checkpoint_problems(cut)
+    assert problem.startswith("a readable trainer_state.json (it does not parse, JSONDecodeError: ")
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume_checkpoint(True, str(tmp_path), world_size=1) == before
+    assert rpg_warnings(caplog) == [f"Skipping the incomplete checkpoint {cut}: it lacks {problem}."]
+    with pytest.raises(ValueError, match=r"checkpoint-4: the checkpoint is incomplete .* lacks a readable trainer_st"):
+        resolve_resume_checkpoint(cut, str(tmp_path), world_size=1)
+    (tmp_path / "checkpoint-4" / "trainer_state.json").write_text("[]")  # JSON, but not the object transformers reads
+    assert checkpoint_problems(cut) == ["a readable trainer_state.json (it holds a JSON list, not an object)"]
+
+
+@pytest.mark.parametrize("with_record", [False, True], ids=["no-record", "record"])
+def test_rng_files_of_another_number_of_processes_are_named(tmp_path, caplog, with_record):
+    """A checkpoint saved by 4 processes (`rng_state_0.pth` to `rng_state_3.pth`; a GRPOTrainer's has no record)
+    resumed by 2 processes (which load ranks 0 and 1: ranks 2 and 3's state is dropped) or by 1 (which looks for
+    `rng_state.pth`, finds none and continues with fresh random state): a warning names the files, what this resume
+    loads and what it does not, and the number of processes for an exact resume. 4 processes: no warning."""
+    rng = [f"rng_state_{rank}.pth" for rank in range(4)]
+    names = ["model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", *rng]
+    if with_record:
+        checkpoint = _save(tmp_path, 4, 4, names)
+        written = f"but it was written by 4: the random state (and RPG's buffered generation batch) of each process "
+        written += "is not restored as saved (it holds "
+    else:
+        checkpoint = _folder(tmp_path, 4, names)
+    held = "it holds rng_state_0.pth, rng_state_1.pth, rng_state_2.pth, rng_state_3.pth: "
+    for world_size, expected in (
+        (
+            2,
+            "but its RNG files are those of a save by 4 process(es); " + held + "this resume loads rng_state_0.pth, "
+            "rng_state_1.pth; the random state saved in rng_state_2.pth, rng_state_3.pth is not restored, so the "
+            "resumed run is not an exact continuation. Resume with 4 process(es) for an exact one.",
+        ),
+        (
+            1,
+            "but it has no rng_state.pth (it was written by another number of processes, or by a save that its "
+            "highest rank did not finish); " + held + "this resume loads none of them; `transformers` continues the "
+            "process(es) without rng_state.pth with fresh random state; the random state saved in rng_state_0.pth, "
+            "rng_state_1.pth, rng_state_2.pth, rng_state_3.pth is not restored, so the resumed run is not an exact "
+            "continuation. Resume with 4 process(es) for an exact one.",
+        ),
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            assert resolve_resume_checkpoint(True, str(tmp_path), world_size) == checkpoint
+        (warning,) = rpg_warnings(caplog)
+        if with_record:
+            assert warning.startswith(f"Resuming from {checkpoint} with {world_size} process(es), {written}")
+            assert "rng_state_2.pth, rng_state_3.pth is not restored" in warning
+            assert ("rng_state.pth with fresh random state" in warning) == (world_size == 1)
+            assert warning.endswith("Resume with 4 process(es) for an exact one.")
+        else:
+            assert warning == f"Resuming from {checkpoint} with {world_size} process(es), {expected}"
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume_checkpoint(True, str(tmp_path), 4) == checkpoint
+    assert rpg_warnings(caplog) == []
+
+
+def test_a_stopped_runs_message_says_whether_a_checkpoint_was_saved(tmp_path):
+    """The message of a run stopped by a dead vLLM server says which checkpoint a restart continues from, or that none
+    was saved (it used to say "Checkpoints already saved ... are complete" with none saved)."""
+    from rpg_trl.reliability.vllm_server import _unreachable_message
+
+    trainer = SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path)), state=SimpleNamespace(global_step=3))
+    error = ConnectionError("refused")
+    message = _unreachable_message(trainer, "http://host:8000", error)
+    assert "are complete" not in message
+    assert message.endswith(
+        f"at training step 3. No complete checkpoint was saved in {tmp_path} yet: restart the server and start the "
+        "run again (`resume_from_checkpoint` has nothing to continue from)."
+    )
+    _folder(tmp_path, 4, ["model.safetensors"], {"complete": False})  # a save that did not finish: not one
+    assert saved_checkpoints_sentence(str(tmp_path)).startswith("No complete checkpoint was saved")
+    two = _save(tmp_path, 2, 1, ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])
+    assert _unreachable_message(trainer, "http://host:8000", error).endswith(
+        f"at training step 3. The checkpoints saved in {tmp_path} are complete or do not count (the newest complete "
+        f"one: {two}); restart the server and continue with `resume_from_checkpoint`."
+    )
+
+
+def test_a_weight_sync_deadline_names_the_checkpoints_saved_when_it_passes(tmp_path, monkeypatch, capsys):
+    """The weight-sync deadline's message is written when the deadline passes, with the checkpoints saved by then (no
+    checkpoint when the sync began, checkpoint-2 when it expired). The process's exit is replaced by a record."""
+    from rpg_trl.reliability.vllm_server import weight_sync_deadline
+
+    told, exits = [], []
+    monkeypatch.setattr(process_failure, "tell_other_processes", lambda trainer, message: told.append(message))
+    monkeypatch.setattr(process_failure, "_mark_exits", lambda: None)
+    monkeypatch.setattr(process_failure, "os", SimpleNamespace(_exit=exits.append))
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(output_dir=str(tmp_path)),
+        state=SimpleNamespace(global_step=2),
+        accelerator=SimpleNamespace(is_main_process=True),
+    )
+    with weight_sync_deadline(trainer, "http://host:8000", 0.3):
+        two = _save(tmp_path, 2, 1, ["model.safetensors", "optimizer.pt", "rng_state.pth", "trainer_state.json"])
+        for _ in range(100):
+            if exits:
+                break
+            time.sleep(0.05)
+    assert exits == [1]
+    (message,) = told
+    assert message.startswith("The weight sync to the vLLM server at http://host:8000 did not finish within 0.3 s")
+    assert f"(the newest complete one: {two})" in message
+    assert f"VLLMServerError: {message}" in capsys.readouterr().err
 
 
 def _only(root, folder):

@@ -14,8 +14,9 @@ part. And `save_total_limit` may already have deleted the previous, complete che
    (a save that did not finish, or one by more processes), and every process waits for that;
 2. the trainer saves as usual (model or shards, optimizer, scheduler, RNG, RPG's own files, `trainer_state.json`);
 3. every process waits for the others (`accelerator.wait_for_everyone()`: all of them have written and closed their
-   files), then the saving process flushes every file of the folder to the disk (`fsync`) and replaces the record,
-   atomically, by `"complete": true` with the list of the files and their sizes;
+   files), then the saving process reads every file of the folder once (the sha256 digest of its content), flushes
+   it to the disk (`fsync`) and replaces the record, atomically, by `"complete": true` with the list of the files,
+   their sizes and their digests;
 4. only then is the checkpoint pushed to the Hub (`push_to_hub` with `hub_strategy="checkpoint"` or
    `"all_checkpoints"`: `transformers` pushes from inside its save, before the commit, a folder that a resume
    refuses), and older checkpoints rotated out (`save_total_limit`), complete ones only: the newest complete
@@ -23,11 +24,15 @@ part. And `save_total_limit` may already have deleted the previous, complete che
 
 Resuming ([`resolve_resume_checkpoint`]): `resume_from_checkpoint=True` takes the newest complete checkpoint and skips
 each incomplete folder with a warning that names it and what it lacks; a checkpoint named explicitly that is
-incomplete is refused with an error listing what is missing. A folder without a commit record was written by a
-trainer that does not commit (TRL's `GRPOTrainer`, `transformers`' `Trainer`): it counts as complete when it holds
-what `transformers` writes, as far as the folder tells ([`checkpoint_problems`]); the resuming processes that find no
-RNG file of their own are named in a warning, and so are RNG files of a save by one process and of a save by several
-side by side (one set is stale).
+incomplete is refused with an error listing what is missing. The record holds the size and the digest (sha256) of
+each file, computed as the save is committed; a resume checks both, so a file cut short or changed after the commit
+(the same size, other bytes) makes the checkpoint not count, naming the file (a record without digests, of an earlier
+version, is checked by size). A folder without a commit record was written by a trainer that does not commit (TRL's
+`GRPOTrainer`, `transformers`' `Trainer`): it counts as complete when it holds what `transformers` writes, as far as
+the folder tells, and its `trainer_state.json` parses ([`checkpoint_problems`]). With or without a record, RNG files
+that do not match the resuming processes (files that no process loads, or a process that finds none of its own) are
+named in a warning, and so are RNG files of a save by one process and of a save by several side by side (one set is
+stale).
 
 A full disk during a save stops the run with a [`DiskFullError`] naming the checkpoint folder and the file being
 written; that folder stays marked incomplete, and the previous checkpoint complete. What these guarantee, and the
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import os
 import re
@@ -50,10 +56,16 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 #: File name, inside a checkpoint folder, of its commit record: `{"complete": false, ...}` while it is being written,
-#: `{"complete": true, "files": {relative path: size in bytes}, "world_size": ..., ...}` once every process has
-#: written its files: every file of the save, those a resume reads (weights, optimizer, RNG and generation state of
-#: each process) included, and the number of processes that wrote it.
+#: `{"complete": true, "files": {relative path: size in bytes}, "digests": {relative path: hex digest},
+#: "digest": "sha256", "world_size": ..., ...}` once every process has written its files: every file of the save,
+#: those a resume reads (weights, optimizer, RNG and generation state of each process) included, the digest of each
+#: file's content, and the number of processes that wrote it. A record without `"digests"` (written before they were
+#: added) is checked by size only.
 COMMIT_RECORD = "rpg_checkpoint.json"
+#: The `hashlib` algorithm of the digests in a commit record (sha256: the fastest of `hashlib`'s on CPUs with SHA
+#: instructions, x86 since 2017 and ARMv8; docs/guarantees.md gives the measured cost).
+DIGEST_ALGORITHM = "sha256"
+_DIGEST_CHUNK = 4 * 2**20
 #: Written by `transformers` after the weights, optimizer, scheduler and RNG state (the last file of a save).
 TRAINER_STATE = "trainer_state.json"
 #: Model weights as the `transformers` back-ends save them (full or sharded, PEFT adapters, FSDP, DeepSpeed).
@@ -117,6 +129,8 @@ def _absent_parts(checkpoint: str, world_size: int | None, save_only_model: bool
     absent = []
     if not os.path.isfile(os.path.join(checkpoint, TRAINER_STATE)):
         absent.append(TRAINER_STATE)
+    elif unreadable := _unreadable_trainer_state(checkpoint):
+        absent.append(unreadable)
     if not _has_weights(checkpoint):
         absent.append("the model weights (" + " / ".join(WEIGHT_FILES[:2]) + " / ...)")
     if not save_only_model and not _has_optimizer(checkpoint):
@@ -134,6 +148,29 @@ def _absent_parts(checkpoint: str, world_size: int | None, save_only_model: bool
     return absent + [name for name in names if not os.path.isfile(os.path.join(checkpoint, name))]
 
 
+def _unreadable_trainer_state(checkpoint: str) -> str | None:
+    """What is wrong with `trainer_state.json` in words, when it does not parse as `transformers` reads it (a JSON
+    object): a file cut short by a kill in the middle of its write, which `transformers` would fail to load
+    (`JSONDecodeError`). None when it parses."""
+    try:
+        with open(os.path.join(checkpoint, TRAINER_STATE), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError) as exc:
+        return f"a readable {TRAINER_STATE} (it does not parse, {type(exc).__name__}: {exc}; cut short by a kill?)"
+    if not isinstance(state, dict):
+        return f"a readable {TRAINER_STATE} (it holds a JSON {type(state).__name__}, not an object)"
+    return None
+
+
+def file_digest(path: str, algorithm: str = DIGEST_ALGORITHM) -> str:
+    """The hex digest of the content of the file at `path` (`hashlib`'s `algorithm`), read in chunks of 4 MiB."""
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as f:
+        while chunk := f.read(_DIGEST_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _rng_ranks(checkpoint: str) -> list[int]:
     """The ranks of the `rng_state_{rank}.pth` files in `checkpoint`."""
     return [int(m.group(1)) for n in os.listdir(checkpoint) if (m := re.match(r"rng_state_(\d+)\.pth$", n))]
@@ -144,15 +181,17 @@ def _rng_files(world_size: int) -> list[str]:
     return ["rng_state.pth"] if world_size <= 1 else [f"rng_state_{i}.pth" for i in range(world_size)]
 
 
-def checkpoint_problems(checkpoint: str) -> list[str]:
+def checkpoint_problems(checkpoint: str, verify_digests: bool = True) -> list[str]:
     """What makes the checkpoint folder `checkpoint` incomplete, in words (an empty list: it is complete).
 
     With a commit record: complete when the record says so and every file it lists is there with the size it had at
-    the commit. Without one (a checkpoint of a trainer that does not commit, e.g. TRL's `GRPOTrainer`): complete when
-    it holds what `transformers` writes, as far as the folder tells: `trainer_state.json`, the model weights, the
-    optimizer state and the RNG state (`rng_state.pth`, or `rng_state_{rank}.pth` of ranks 0 to the highest there, and
-    at least 0 and 1: one process writes `rng_state.pth`). A missing file of the highest rank is not visible here;
-    [`resolve_resume_checkpoint`] names the files that the resuming processes do not find.
+    the commit and, with `verify_digests` (every file read once), the same digest of its content (a record written
+    before digests were recorded: the size only). Without one (a checkpoint of a trainer that does not commit, e.g.
+    TRL's `GRPOTrainer`): complete when it holds what `transformers` writes, as far as the folder tells:
+    `trainer_state.json`, which parses, the model weights, the optimizer state and the RNG state (`rng_state.pth`, or
+    `rng_state_{rank}.pth` of ranks 0 to the highest there, and at least 0 and 1: one process writes
+    `rng_state.pth`). A missing file of the highest rank is not visible here; [`resolve_resume_checkpoint`] names the
+    files that the resuming processes do not find.
     """
     if not os.path.isdir(checkpoint):
         return ["the folder itself"]
@@ -164,6 +203,14 @@ def checkpoint_problems(checkpoint: str) -> list[str]:
     if not record.get("complete"):
         absent = _absent_parts(checkpoint, record.get("world_size"), bool(record.get("save_only_model")))
         return [f"its commit ({COMMIT_RECORD} says the save did not finish)", *absent]
+    digests = (record.get("digests") or {}) if verify_digests else {}
+    algorithm = record.get("digest", DIGEST_ALGORITHM)
+    if digests and algorithm not in hashlib.algorithms_available:
+        logger.warning(
+            f"{checkpoint}: its commit records {algorithm} digests, which this Python cannot compute: the files are "
+            "checked by size only."
+        )
+        digests = {}
     problems = []
     for name, size in sorted(record.get("files", {}).items()):
         path = os.path.join(checkpoint, name)
@@ -171,12 +218,17 @@ def checkpoint_problems(checkpoint: str) -> list[str]:
             problems.append(name)
         elif os.path.getsize(path) != size:
             problems.append(f"{name} as committed ({size} bytes; {os.path.getsize(path)} now)")
+        elif name in digests and file_digest(path, algorithm) != digests[name]:
+            problems.append(
+                f"{name} as committed (the same size, another content: its {algorithm} digest differs from the "
+                "commit's)"
+            )
     return problems
 
 
-def is_complete(checkpoint: str) -> bool:
+def is_complete(checkpoint: str, verify_digests: bool = True) -> bool:
     """Whether `checkpoint` is a complete checkpoint folder (see [`checkpoint_problems`])."""
-    return not checkpoint_problems(checkpoint)
+    return not checkpoint_problems(checkpoint, verify_digests)
 
 
 def _checkpoint_folders(output_dir: str) -> list[str]:
@@ -188,15 +240,31 @@ def _checkpoint_folders(output_dir: str) -> list[str]:
     return [folder for folder in folders if os.path.isdir(folder)]
 
 
-def last_complete_checkpoint(output_dir: str) -> str | None:
-    """The highest-numbered complete checkpoint of `output_dir` (None if there is none), warning about each
-    incomplete folder above it: its path and what it lacks."""
+def last_complete_checkpoint(output_dir: str, verify_digests: bool = True, warn: bool = True) -> str | None:
+    """The highest-numbered complete checkpoint of `output_dir` (None if there is none), warning (with `warn`) about
+    each incomplete folder above it: its path and what it lacks (the files missing, cut short or changed)."""
     for folder in _checkpoint_folders(output_dir):
-        problems = checkpoint_problems(folder)
+        problems = checkpoint_problems(folder, verify_digests)
         if not problems:
             return folder
-        logger.warning(f"Skipping the incomplete checkpoint {folder}: it lacks {'; '.join(problems)}.")
+        if warn:
+            logger.warning(f"Skipping the incomplete checkpoint {folder}: it lacks {'; '.join(problems)}.")
     return None
+
+
+def saved_checkpoints_sentence(output_dir: str) -> str:
+    """A sentence on the checkpoints saved in `output_dir`, for an error that stops a run: the newest complete one (by
+    size, not re-reading the files), or that none was saved (a restart starts from the beginning)."""
+    newest = last_complete_checkpoint(output_dir, verify_digests=False, warn=False)
+    if newest is None:
+        return (
+            f"No complete checkpoint was saved in {output_dir} yet: restart the server and start the run again "
+            "(`resume_from_checkpoint` has nothing to continue from)."
+        )
+    return (
+        f"The checkpoints saved in {output_dir} are complete or do not count (the newest complete one: {newest}); "
+        "restart the server and continue with `resume_from_checkpoint`."
+    )
 
 
 def resolve_resume_checkpoint(
@@ -224,11 +292,19 @@ def resolve_resume_checkpoint(
             return checkpoint
         problems = checkpoint_problems(checkpoint)
         if problems:
-            why = "its save did not finish"
-            if _read_record(checkpoint) is None:  # a trainer that does not commit may also have saved the model only
-                why += ", or it holds the model only (`save_only_model=True`: start a new run from its weights)"
+            record = _read_record(checkpoint)
+            if record is not None and record.get("complete"):
+                what = (
+                    "incomplete, damaged after its save (a file changed since its commit: deleted, cut short, "
+                    "overwritten, or corrupted on the disk or in a copy)"
+                )
+            else:
+                what = "incomplete (its save did not finish"
+                if record is None:  # a trainer that does not commit may also have saved the model only
+                    what += ", or it holds the model only (`save_only_model=True`: start a new run from its weights)"
+                what += ")"
             raise ValueError(
-                f"Cannot resume from {checkpoint}: the checkpoint is incomplete ({why}); it lacks "
+                f"Cannot resume from {checkpoint}: the checkpoint is {what}; it lacks "
                 f"{'; '.join(problems)}. Resume from a complete checkpoint, or pass `resume_from_checkpoint=True` to "
                 "take the newest complete one."
             )
@@ -258,13 +334,13 @@ def unlisted_files(checkpoint: str, record: dict) -> list[str]:
     return sorted(found)
 
 
-def _warn_on_two_rng_layouts(checkpoint: str, world_size: int) -> None:
+def _warn_on_two_rng_layouts(checkpoint: str, world_size: int) -> bool:
     """A checkpoint without a commit record that holds both `rng_state.pth` (a save by one process) and
     `rng_state_{rank}.pth` files (a save by several): one of the two sets was left by an earlier save into the same
-    folder, and nothing tells which; a warning names the files and those this resume loads."""
+    folder, and nothing tells which; a warning names the files and those this resume loads. Whether it warned."""
     ranks = sorted(_rng_ranks(checkpoint))
     if not ranks or not os.path.isfile(os.path.join(checkpoint, "rng_state.pth")):
-        return
+        return False
     per_rank = ", ".join(f"rng_state_{rank}.pth" for rank in ranks)
     loaded = [name for name in _rng_files(world_size) if os.path.isfile(os.path.join(checkpoint, name))]
     logger.warning(
@@ -274,14 +350,16 @@ def _warn_on_two_rng_layouts(checkpoint: str, world_size: int) -> None:
         f"{', '.join(loaded) or 'none of them'}, which may be the stale one, so the resumed run may not be an exact "
         "continuation. Delete the RNG files of the earlier save (those older than trainer_state.json), then resume."
     )
+    return True
 
 
 def _check_resume_processes(checkpoint: str, world_size: int) -> None:
     """The resume with `world_size` processes against the checkpoint's commit record: files that the commit does not
     list (stale files of an earlier save or upload into the folder, which the resume could load as this run's state:
     an RNG file of a process, weights, optimizer) are refused, but for documentation ([`INERT_SUFFIXES`]), which is
-    named in a warning; another number of processes than the record's, or RNG files that the resuming processes do not
-    find (`transformers` would continue those processes with fresh random state, silently), are named in a warning."""
+    named in a warning; another number of processes than the record's, RNG files that the resuming processes do not
+    find (`transformers` would continue those processes with fresh random state, silently) or do not load (the random
+    state of the processes of a larger save), with or without a record, are named in a warning."""
     record = _read_record(checkpoint) or {}
     if record.get("complete"):
         unlisted = unlisted_files(checkpoint, record)
@@ -302,27 +380,63 @@ def _check_resume_processes(checkpoint: str, world_size: int) -> None:
             )
     if record.get("save_only_model"):
         return
-    if not record:  # no commit record: nothing tells which files belong to the save
-        _warn_on_two_rng_layouts(checkpoint, world_size)
+    if not record and _warn_on_two_rng_layouts(checkpoint, world_size):  # no commit record: nothing tells which
+        return  # files belong to the save
+    _warn_on_rng_files_of_another_process_count(checkpoint, world_size, record)
+
+
+def _rng_names(checkpoint: str) -> list[str]:
+    """The RNG files in `checkpoint` (`rng_state.pth`, then `rng_state_{rank}.pth` by rank)."""
+    ranked = [f"rng_state_{rank}.pth" for rank in sorted(_rng_ranks(checkpoint))]
+    return (["rng_state.pth"] if os.path.isfile(os.path.join(checkpoint, "rng_state.pth")) else []) + ranked
+
+
+def _named(names: list[str]) -> str:
+    return ", ".join(names[:8]) + (f", ... ({len(names)} in all)" if len(names) > 8 else "")
+
+
+def _warn_on_rng_files_of_another_process_count(checkpoint: str, world_size: int, record: dict) -> None:
+    """A resume with `world_size` processes whose RNG files (those `transformers` reads: `rng_state.pth` for one
+    process, `rng_state_{rank}.pth` of each process for several) are not the checkpoint's: the files that no resuming
+    process loads (their random state is dropped) and those that it does not find (`transformers` then continues the
+    process with fresh random state, silently) are named in a warning, with the number of processes that wrote the
+    checkpoint (its record's, or as far as its files tell)."""
+    held = _rng_names(checkpoint)
+    expected = _rng_files(world_size)
+    missing = [name for name in expected if name not in held]
+    unused = [name for name in held if name not in expected]
     written = record.get("world_size") if record.get("complete") else None
-    missing = [name for name in _rng_files(world_size) if not os.path.isfile(os.path.join(checkpoint, name))]
+    if not missing and not unused and not (written and written != world_size):
+        return
+    ranks = _rng_ranks(checkpoint)
+    writers = written or (max(ranks) + 1 if ranks else 1 if held else None)
+    loaded = [name for name in expected if name in held]
+    effects = [f"this resume loads {_named(loaded) if loaded else 'none of them'}"]
+    if missing:
+        effects.append(f"`transformers` continues the process(es) without {_named(missing)} with fresh random state")
+    if unused:
+        effects.append(f"the random state saved in {_named(unused)} is not restored")
+    detail = f"it holds {_named(held) if held else 'no RNG file'}: " + "; ".join(effects)
     if written and written != world_size:
         logger.warning(
             f"Resuming from {checkpoint} with {world_size} process(es), but it was written by {written}: the random "
-            "state (and RPG's buffered generation batch) of each process is not restored as saved, so the resumed run "
-            f"is not an exact continuation. Resume with {written} process(es) for an exact one."
+            f"state (and RPG's buffered generation batch) of each process is not restored as saved ({detail}), so "
+            f"the resumed run is not an exact continuation. Resume with {written} process(es) for an exact one."
         )
-    elif missing:
-        written = record.get("world_size")
+        return
+    if missing:
         if written:
             why = f"it was written by {written} process(es)"
         else:
             why = "it was written by another number of processes, or by a save that its highest rank did not finish"
-        logger.warning(
-            f"Resuming from {checkpoint} with {world_size} process(es), but it has no {', '.join(missing)} ({why}): "
-            "`transformers` continues those processes with fresh random state, so the resumed run is not an exact "
-            "continuation. Resume with the number of processes that wrote it for an exact one."
-        )
+        clause = f"it has no {_named(missing)} ({why})"
+    else:
+        clause = f"its RNG files are those of a save by {writers} process(es)"
+    advice = f"Resume with {writers} process(es)" if writers else "Resume with the number of processes that wrote it"
+    logger.warning(
+        f"Resuming from {checkpoint} with {world_size} process(es), but {clause}; {detail}, so the resumed run is not "
+        f"an exact continuation. {advice} for an exact one."
+    )
 
 
 # --------------------------------------------------------------------------------------------------------- writing
@@ -345,25 +459,29 @@ def _fsync_dir(path: str) -> None:
             os.close(fd)
 
 
-def _committed_files(checkpoint: str) -> dict[str, int]:
-    """Every file under `checkpoint` (relative path -> size), flushed to the disk; the commit record excluded."""
-    files = {}
+def _committed_files(checkpoint: str) -> tuple[dict[str, int], dict[str, str]]:
+    """Every file under `checkpoint`, the commit record excluded, flushed to the disk: relative path -> size, and
+    relative path -> digest of its content ([`DIGEST_ALGORITHM`], read back right after it was written: from the page
+    cache, as a rule)."""
+    files, digests = {}, {}
     for root, dirs, names in os.walk(checkpoint):
         for name in names:
             path = os.path.join(root, name)
             relative = os.path.relpath(path, checkpoint)
             if relative == COMMIT_RECORD or name.startswith(COMMIT_RECORD + "."):
                 continue
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.fsync(fd)  # a file written by another process on this machine is flushed as well
-            finally:
-                os.close(fd)
-            files[relative] = os.path.getsize(path)
+            digest = hashlib.new(DIGEST_ALGORITHM)
+            with open(path, "rb") as f:
+                size = 0
+                while chunk := f.read(_DIGEST_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+                os.fsync(f.fileno())  # a file written by another process on this machine is flushed as well
+            files[relative], digests[relative] = size, digest.hexdigest()
         for name in dirs:
             _fsync_dir(os.path.join(root, name))
     _fsync_dir(checkpoint)
-    return files
+    return files, digests
 
 
 def mark_being_written(trainer, checkpoint: str) -> None:
@@ -416,16 +534,20 @@ def begin_checkpoint(trainer, checkpoint: str) -> None:
 
 def commit_checkpoint(trainer, checkpoint: str) -> None:
     """Wait until every process has written (and closed) its files of `checkpoint`, then flush them all to the disk
-    and record the checkpoint as complete, with its files and their sizes (on the saving processes)."""
+    and record the checkpoint as complete, with its files, their sizes and the digests of their contents (on the
+    saving processes)."""
     trainer.accelerator.wait_for_everyone()
     args = trainer.args
     if args.should_save:
+        files, digests = _committed_files(checkpoint)
         record = {
             "complete": True,
             "step": trainer.state.global_step,
             "world_size": args.world_size,
             "save_only_model": bool(args.save_only_model),
-            "files": _committed_files(checkpoint),
+            "files": files,
+            "digest": DIGEST_ALGORITHM,
+            "digests": digests,
         }
         _write_json_atomically(os.path.join(checkpoint, COMMIT_RECORD), record, f"p{args.process_index}")
 
@@ -441,7 +563,7 @@ def rotate_complete_checkpoints(
     if save_total_limit is None or save_total_limit <= 0:
         return []
     ordered = sort_checkpoints(run_dir, use_mtime=True, best_model_checkpoint=best_model_checkpoint)
-    complete = [c for c in ordered if is_complete(c)]
+    complete = [c for c in ordered if is_complete(c, verify_digests=False)]  # sizes: no re-reading at each save
     protected = {os.path.abspath(newest)}
     if best_model_checkpoint is not None:
         protected.add(os.path.abspath(best_model_checkpoint))
@@ -503,7 +625,7 @@ def disk_full_named(checkpoint: str, run_dir: str):
     except Exception as exc:
         if not _disk_full(exc, checkpoint):
             raise
-        previous = last_complete_checkpoint(run_dir)
+        previous = last_complete_checkpoint(run_dir, verify_digests=False)
         free = _free_bytes(checkpoint)
         where = _failed_file(exc) or checkpoint
         message = (

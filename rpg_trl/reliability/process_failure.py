@@ -356,11 +356,12 @@ def watching(trainer):
 
 
 @contextlib.contextmanager
-def deadline(trainer, seconds: float, message: str, error_name: str):
-    """On the main process: if the block has not finished within `seconds`, log `message`, post it for the other
-    processes ([`tell_other_processes`]), write `{error_name}: {message}` on stderr and end the process with status 1
-    (its main thread is then inside a call that no Python code can interrupt, e.g. a transfer to a server that died in
-    the middle of it). The other processes do nothing here (their watchers end them)."""
+def deadline(trainer, seconds: float, message, error_name: str):
+    """On the main process: if the block has not finished within `seconds`, log `message` (a string, or a function
+    that returns it then), post it for the other processes ([`tell_other_processes`]), write
+    `{error_name}: {message}` on stderr and end the process with status 1 (its main thread is then inside a call that
+    no Python code can interrupt, e.g. a transfer to a server that died in the middle of it). The other processes do
+    nothing here (their watchers end them)."""
     if not trainer.accelerator.is_main_process:
         yield
         return
@@ -369,8 +370,9 @@ def deadline(trainer, seconds: float, message: str, error_name: str):
     def expire():
         if done.wait(seconds):
             return
-        tell_other_processes(trainer, message)
-        sys.stderr.write(f"{error_name}: {message}\n")
+        text = message() if callable(message) else message
+        tell_other_processes(trainer, text)
+        sys.stderr.write(f"{error_name}: {text}\n")
         sys.stderr.flush()
         sys.stdout.flush()
         _mark_exits()

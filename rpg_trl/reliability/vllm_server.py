@@ -17,6 +17,7 @@ import contextlib
 
 from transformers.utils import logging
 
+from .checkpoints import saved_checkpoints_sentence
 from .process_failure import FailureWatcher, deadline, failure_key, tell_other_processes
 
 
@@ -135,8 +136,7 @@ def _shared(trainer, value, broadcast_object_list):
 def _unreachable_message(trainer, url, exc) -> str:
     return (
         f"The vLLM server at {url} stopped answering ({type(exc).__name__}: {exc}) at training step "
-        f"{trainer.state.global_step}. Checkpoints already saved in {trainer.args.output_dir} are complete; restart the "
-        "server and continue with `resume_from_checkpoint`."
+        f"{trainer.state.global_step}. {saved_checkpoints_sentence(trainer.args.output_dir)}"
     )
 
 
@@ -175,12 +175,15 @@ def weight_sync_deadline(trainer, url: str, seconds: float):
     """Around a weight sync of the main process to the vLLM server at `url` (TRL's transfer can hang rather than raise
     when the server dies in the middle of it, and its requests carry no timeout): past `seconds`, the sync is named as
     a [`VLLMServerError`] on every process and the run ends ([`~rpg_trl.reliability.process_failure.deadline`])."""
-    message = (
-        f"The weight sync to the vLLM server at {url} did not finish within {seconds:g} s (`weight_sync_timeout`) at "
-        f"training step {trainer.state.global_step}: the server may have died in the middle of the transfer. "
-        f"Checkpoints already saved in {trainer.args.output_dir} are complete; restart the server and continue with "
-        "`resume_from_checkpoint`."
-    )
+    step = trainer.state.global_step
+
+    def message() -> str:  # when the deadline passes: the checkpoints saved by then
+        return (
+            f"The weight sync to the vLLM server at {url} did not finish within {seconds:g} s (`weight_sync_timeout`) "
+            f"at training step {step}: the server may have died in the middle of the transfer. "
+            + saved_checkpoints_sentence(trainer.args.output_dir)
+        )
+
     return deadline(trainer, seconds, message, VLLMServerError.__name__)
 
 

@@ -447,7 +447,9 @@ def test_a_committed_checkpoint_with_flipped_bytes_in_its_weights_or_optimizer_d
     assert checkpoint_problems(str(tmp_path / "checkpoint-2")) == [f"model.safetensors {changed}"]
 
     resumed = make_tiny_trainer(tiny_model_dir, tmp_path, save_strategy="no", max_steps=4)
-    with pytest.raises(ValueError, match=r"checkpoint-3: the checkpoint is incomplete, damaged after .* lacks optimizer\.pt as comm"):
+    with pytest.raises(
+        ValueError, match=r"checkpoint-3: the checkpoint is incomplete, damaged after .* lacks optimizer\.pt as comm"
+    ):
         resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-3"))
     counter = _StepCounter()
     resumed.add_callback(counter)

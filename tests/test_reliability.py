@@ -321,7 +321,9 @@ def test_a_commit_records_each_files_digest_and_a_changed_file_of_the_same_size_
     assert rpg_warnings(caplog) == [f"Skipping the incomplete checkpoint {four}: it lacks {changed}."]
     with pytest.raises(ValueError) as refused:
         resolve_resume_checkpoint(four, str(tmp_path), world_size=1)
-    assert str(refused.value).startswith(f"Cannot resume from {four}: the checkpoint is incomplete, damaged after its save (a file")
+    assert str(refused.value).startswith(
+        f"Cannot resume from {four}: the checkpoint is incomplete, damaged after its save (a file"
+    )
     assert f"it lacks {changed}. Resume from a complete checkpoint" in str(refused.value)
 
     # An earlier version's record: files and sizes, no digests.
@@ -367,7 +369,7 @@ def test_rng_files_of_another_number_of_processes_are_named(tmp_path, caplog, wi
     names = ["model.safetensors", "optimizer.pt", "scheduler.pt", "trainer_state.json", *rng]
     if with_record:
         checkpoint = _save(tmp_path, 4, 4, names)
-        written = f"but it was written by 4: the random state (and RPG's buffered generation batch) of each process "
+        written = "but it was written by 4: the random state (and RPG's buffered generation batch) of each process "
         written += "is not restored as saved (it holds "
     else:
         checkpoint = _folder(tmp_path, 4, names)

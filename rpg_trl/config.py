@@ -29,9 +29,10 @@ from .losses import (
     KL_LEVELS,
     RPGLossSpec,
 )
-from .reliability import importance_weights, kl_drift, process_failure
+from .reliability import importance_weights, kl_drift, process_failure, vllm_server
 from .reliability.kl_drift import KL_FLOOR
 from .reliability.process_failure import MAIN_EXIT_TIMEOUT
+from .reliability.vllm_server import REQUEST_TIMEOUT
 
 
 KL_ANCHORS = ("sampling", "reference")
@@ -442,6 +443,10 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             Multi-process runs: seconds the other processes wait, after the main process reported a failure (e.g. of
             the vLLM server), for it to end before they end themselves and the launcher ends it (its cleanup and
             traceback may then be cut short). Raise it when the main process needs longer to clean up.
+        vllm_request_timeout (`float` or `None`, *optional*, defaults to `600.0`):
+            vLLM server mode: seconds that one request to the server (a generation batch, a weight sync, a cache reset)
+            may take; past it the run stops on every process with a `VLLMServerError` naming the server, the request
+            and this option. `None`: no bound. Not TRL's `vllm_server_timeout` (the wait for the server at start-up).
         kl_target (`float` or `None`, *optional*, defaults to `None`):
             δ: an adaptive β (Ziegler et al., 2019; [`~rpg_trl.kl_control.AdaptiveKLCallback`]) that holds RPG's
             importance-weighted KL estimate (`kl`, or `kl/sequence` with `kl_level="sequence"`) near δ, starting from
@@ -492,8 +497,24 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
         },
     )
 
+    # vLLM server mode (`rpg_trl.reliability.vllm_server`).
+    vllm_request_timeout: float | None = field(
+        default=REQUEST_TIMEOUT,
+        metadata={
+            "help": "vLLM server mode: seconds that one request to the server (a generation batch, a weight sync, a "
+            "prefix-cache reset) may take before the run stops on every process with a VLLMServerError naming the "
+            "server's URL, the request and this option (TRL's requests have no timeout: a server that accepts a "
+            "request and never answers would stall every process until the collective timeout, `ddp_timeout`, 30 min "
+            f"by default). Default {REQUEST_TIMEOUT:g}: a generation batch of a few hundred prompts × thousands of "
+            "tokens takes minutes on a loaded server, and 10 min leaves it a wide margin while a hang is still named "
+            "well before `ddp_timeout`; raise it for longer batches. None: no bound. Not TRL's `vllm_server_timeout`, "
+            "which bounds the wait for the server at start-up."
+        },
+    )
+
     def __post_init__(self):
         super().__post_init__()
+        vllm_server.check_request_timeout(self.vllm_request_timeout)
         self._check_trl_values()
         self._check_loss_type()
         self._check_unsupported_options()

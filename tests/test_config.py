@@ -117,6 +117,12 @@ INVALID_CONFIGS = [
     (RPGConfig, dict(steps_per_generation=0), "`steps_per_generation` must be an integer >= 1; got 0"),
     (RPGConfig, dict(max_completion_length=0), "`max_completion_length` must be an integer >= 1; got 0"),
     (RPGConfig, dict(reward_weights=[float("nan")]), "`reward_weights` must be finite numbers"),
+    (
+        RPGConfig,
+        dict(vllm_request_timeout=0),
+        "`vllm_request_timeout` must be a finite number of seconds > 0, or None",
+    ),
+    (RPGConfig, dict(vllm_request_timeout=float("inf")), "`vllm_request_timeout` must be a finite number of seconds"),
     (RPGConfig, dict(scale_rewards="max"), "`scale_rewards` must be 'group', 'batch' or 'none'"),
     (RPGConfig, dict(multi_objective_aggregation="max"), "`multi_objective_aggregation` must be"),
     (RPGConfig, dict(top_entropy_quantile=1.5), "`top_entropy_quantile` must be in (0, 1]"),

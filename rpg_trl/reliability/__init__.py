@@ -22,8 +22,8 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 * [`rpg_trl.reliability.teardown`]: a 2-process CPU (gloo) run exits without PyTorch's teardown deadlock; a colocated
   vLLM engine is shut down before the process groups it uses.
 * [`rpg_trl.reliability.vllm_server`]: in vLLM server mode, a server that serves another model is refused before
-  training, and a server that stops answering stops the run with an error naming its URL, in bounded time, on every
-  process; the main process reports it and cleans up, the others stop after it
+  training, and a server that stops answering (dead, or hung: no answer to a request within `vllm_request_timeout`
+  seconds) stops the run with an error naming its URL, in bounded time, on every process; the main process reports it and cleans up, the others stop after it
   ([`rpg_trl.reliability.process_failure`]).
 """
 
@@ -36,7 +36,13 @@ from .importance_weights import ImportanceWeightMonitor, ImportanceWeightMonitor
 from .process_failure import watching
 from .reward_guard import RewardFunctionError, RewardGuard
 from .teardown import hold_process_group_until_exit, shutdown_colocated_vllm
-from .vllm_server import VLLMServerError, check_server_model, server_errors_named, watch_for_server_failure
+from .vllm_server import (
+    VLLMServerError,
+    bound_server_requests,
+    check_server_model,
+    server_errors_named,
+    watch_for_server_failure,
+)
 
 
 class ReliabilityMixin(CommittedCheckpointsMixin):
@@ -56,6 +62,7 @@ class ReliabilityMixin(CommittedCheckpointsMixin):
             check_trainer_prompt_rows(self)
         hold_process_group_until_exit()  # a gloo group is destroyed at exit without PyTorch's teardown deadlock
         check_server_model(self)  # vLLM server mode: the server's model has the trained model's weight shapes
+        bound_server_requests(self)  # ... every request to it ends within `vllm_request_timeout` seconds
         watch_for_server_failure(self)  # ... and every process stops, naming it, when it fails mid-request
 
     def train(self, *args, **kwargs):

@@ -14,6 +14,9 @@ status 1 ([`watch_for_server_failure`], [`rpg_trl.reliability.process_failure`])
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
+import threading
 
 from transformers.utils import logging
 
@@ -38,10 +41,36 @@ SHAPE_FIELDS = (
 )
 #: Seconds the health probe before each generation waits for the server's answer.
 HEALTH_TIMEOUT = 10.0
+#: Seconds, by default, that one request of a server-mode run to the vLLM server (a generation batch, a weight sync, a
+#: cache reset) may take before the run stops naming it (the config field `vllm_request_timeout`).
+REQUEST_TIMEOUT = 600.0
+#: The client's methods that are bounded, by the request they make: the name in the error, and whether the trainer's
+#: main thread can leave the call (a generation or a cache reset is HTTP alone, run in a thread of its own that the
+#: main thread stops waiting for; a weight sync also broadcasts the weights in the main thread over a communicator,
+#: which no Python code can interrupt: past the bound the process ends, as a `weight_sync_timeout` does).
+BOUNDED_REQUESTS = {
+    "generate": ("generation", True),
+    "chat": ("generation", True),
+    "image_features": ("generation", True),
+    "update_named_params": ("weight sync", False),
+    "reset_prefix_cache": ("cache reset", True),
+}
 
 
 class VLLMServerError(RuntimeError):
-    """The vLLM server of a server-mode run is unreachable, failed a request, or serves another model."""
+    """The vLLM server of a server-mode run is unreachable, failed a request, did not answer one in time
+    (`vllm_request_timeout`), or serves another model."""
+
+
+def check_request_timeout(timeout, name: str = "vllm_request_timeout") -> None:
+    """Raise a `ValueError` naming `name` unless `timeout` is None or a finite number of seconds > 0."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.0 < timeout < math.inf:
+        raise ValueError(
+            f"`{name}` must be a finite number of seconds > 0, or None for no bound (default {REQUEST_TIMEOUT:g}); "
+            f"got {timeout!r}."
+        )
 
 
 def uses_vllm_server(trainer) -> bool:
@@ -185,6 +214,76 @@ def weight_sync_deadline(trainer, url: str, seconds: float):
         )
 
     return deadline(trainer, seconds, message, VLLMServerError.__name__)
+
+
+def _hung_request_message(trainer, url: str, request: str, seconds: float, step: int) -> str:
+    return (
+        f"The vLLM server at {url} did not answer the {request} request within {seconds:g} s "
+        f"(`vllm_request_timeout`) at training step {step}: the server hangs or is overloaded. Restart it, or raise "
+        f"`vllm_request_timeout` if its {request}s take longer. " + saved_checkpoints_sentence(trainer.args.output_dir)
+    )
+
+
+def _bounded(trainer, url: str, request: str, seconds: float, interruptible: bool, call):
+    """`call` (a method of the main process's vLLM client) bounded to `seconds` (see [`bound_server_requests`])."""
+
+    @functools.wraps(call)
+    def bounded(*args, **kwargs):
+        step = trainer.state.global_step
+        if not interruptible:
+            with deadline(
+                trainer,
+                seconds,
+                lambda: _hung_request_message(trainer, url, request, seconds, step),
+                VLLMServerError.__name__,
+            ):
+                return call(*args, **kwargs)
+        outcome, done = {}, threading.Event()
+
+        def run():
+            try:
+                outcome["value"] = call(*args, **kwargs)
+            except BaseException as exc:  # noqa: BLE001 - handed to the main thread as it is
+                outcome["error"] = exc
+            finally:
+                done.set()
+
+        # A daemon thread: one still waiting for a hung server does not hold the process at exit.
+        threading.Thread(target=run, name=f"rpg-trl-vllm-{request.replace(' ', '-')}", daemon=True).start()
+        if not done.wait(seconds):
+            error = VLLMServerError(_hung_request_message(trainer, url, request, seconds, step))
+            tell_other_processes(trainer, str(error))
+            raise error
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    bounded.__rpg_bounded__ = True
+    return bounded
+
+
+def bound_server_requests(trainer) -> bool:
+    """
+    As the trainer is built, on the main process of a server-mode run (the one that holds TRL's `VLLMClient`): every
+    request of the client to the server is bounded to `vllm_request_timeout` seconds (None: unbounded; TRL's requests
+    carry no timeout, so a server that accepts a request and never answers would stall every process until the
+    launcher's collective timeout, 30 min by default). Past the bound the run stops with a [`VLLMServerError`] naming the
+    server's URL, the request ([`BOUNDED_REQUESTS`]: generation, weight sync or cache reset), the bound and the option,
+    on every process ([`tell_other_processes`]; the other processes' watchers end them). A generation or a cache reset
+    is raised in the main process (its `finally` blocks and `atexit` handlers run); a weight sync, whose broadcast no
+    Python code can interrupt, ends the main process with status 1 after writing the error on stderr
+    ([`~rpg_trl.reliability.process_failure.deadline`]). Returns whether the client's requests are bounded.
+    """
+    seconds = getattr(trainer.args, "vllm_request_timeout", REQUEST_TIMEOUT)
+    client = getattr(getattr(trainer, "vllm_generation", None), "vllm_client", None)
+    if seconds is None or client is None or not uses_vllm_server(trainer):
+        return False
+    url = _server_url(trainer)
+    for method, (request, interruptible) in BOUNDED_REQUESTS.items():
+        call = getattr(client, method, None)
+        if call is not None and not getattr(call, "__rpg_bounded__", False):
+            setattr(client, method, _bounded(trainer, url, request, float(seconds), interruptible, call))
+    return True
 
 
 @contextlib.contextmanager

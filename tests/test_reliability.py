@@ -1113,3 +1113,179 @@ def test_an_iterable_dataset_is_checked_row_by_row_as_the_rows_arrive():
             arrived.append(row)
     good = IterableDataset.from_generator(lambda: ({"prompt": p, "answer": 0} for p in prompts[:7]), features=features)
     assert list(check_prompt_rows(good, _char_tokenizer())) == [{"prompt": p, "answer": 0} for p in prompts[:7]]
+
+
+# ==================================================================================================== a hung vLLM server
+def test_every_request_of_the_server_mode_client_is_bounded_once_and_none_leaves_it_alone():
+    """`bound_server_requests` wraps the client's generation, weight-sync and cache-reset methods on the main process of
+    a server-mode run (once, however often it is called), and leaves the client alone with `vllm_request_timeout=None`
+    or outside server mode; a bounded call that answers in time returns its answer, and its error is its own."""
+    from rpg_trl.reliability.vllm_server import bound_server_requests
+
+    class Client:
+        base_url = "http://127.0.0.1:1"
+
+        def generate(self, prompts):
+            return [p * 2 for p in prompts]
+
+        def update_named_params(self, metadata, named_params):
+            return "synced"
+
+        def reset_prefix_cache(self):
+            raise ValueError("test: the cache reset's own error")
+
+        def get_world_size(self):
+            return 1
+
+    def trainer(seconds, mode="server"):
+        args = SimpleNamespace(use_vllm=True, vllm_mode=mode, vllm_request_timeout=seconds, output_dir="/nonexistent")
+        return SimpleNamespace(
+            args=args,
+            state=SimpleNamespace(global_step=0),
+            accelerator=SimpleNamespace(num_processes=1, is_main_process=True),
+            vllm_generation=SimpleNamespace(vllm_client=Client()),
+        )
+
+    for unbounded in (trainer(None), trainer(5.0, mode="colocate")):
+        assert not bound_server_requests(unbounded)
+        client = unbounded.vllm_generation.vllm_client
+        assert list(vars(client)) == []  # nothing wrapped
+    bounded = trainer(5.0)
+    assert bound_server_requests(bounded) and bound_server_requests(bounded)
+    client = bounded.vllm_generation.vllm_client
+    assert sorted(vars(client)) == ["generate", "reset_prefix_cache", "update_named_params"]
+    assert client.generate.__wrapped__.__func__ is Client.generate  # wrapped once, not twice
+    assert client.generate([1, 2]) == [2, 4]
+    assert client.update_named_params([], iter([])) == "synced"
+    with pytest.raises(ValueError, match="the cache reset's own error"):
+        client.reset_prefix_cache()
+    assert client.get_world_size() == 1
+
+
+@pytest.fixture
+def stand_in_trl(monkeypatch):
+    """TRL's server mode on the stand-in server of `helpers.hung_server` (undone after the test)."""
+    from helpers import hung_server
+
+    hung_server.patch_trl(lambda obj, name, value: monkeypatch.setattr(obj, name, value, raising=False))
+    return hung_server
+
+
+def _hung_run(hung_server, tiny_model_dir, tmp_path, path, at, seconds=2.0):
+    """A 5-step server-mode RPGTrainer run whose stand-in server hangs at the `at`-th request to `path`: the error it
+    raises, the seconds from the hung request's arrival to the error, the trainer and the server's request counts."""
+    from rpg_trl.reliability import VLLMServerError
+
+    server = hung_server.HangingServer(str(tiny_model_dir), hang_on=path, hang_at=at)
+    try:
+        trainer = hung_server.build_trainer(str(tiny_model_dir), tmp_path, server.url, seconds, max_steps=5)
+        with pytest.raises(VLLMServerError) as error:
+            trainer.train()
+        return str(error.value), time.monotonic() - server.hung_at, trainer, server
+    finally:
+        server.close()
+
+
+def _hung_message(url, request, seconds, step):
+    return (
+        f"The vLLM server at {url} did not answer the {request} request within {seconds:g} s (`vllm_request_timeout`) "
+        f"at training step {step}: the server hangs or is overloaded."
+    )
+
+
+@pytest.mark.slow
+def test_a_vllm_server_that_hangs_at_the_first_generation_is_named_within_vllm_request_timeout(
+    stand_in_trl, tiny_model_dir, tmp_path
+):
+    """The stand-in server accepts the run's first generation request and never answers (TRL's request has no
+    timeout): 2 s later (`vllm_request_timeout=2`) `train()` raises `VLLMServerError` naming the server's URL, the
+    request, the bound and the option, at step 0."""
+    message, waited, trainer, server = _hung_run(stand_in_trl, tiny_model_dir, tmp_path, "/v1/completions", 1)
+    assert message.startswith(_hung_message(server.url, "generation", 2, 0)), message
+    assert "No complete checkpoint was saved" in message
+    assert 2.0 <= waited < 10.0, waited
+    assert trainer.state.global_step == 0 and server.counts["/v1/completions"] == 1
+
+
+@pytest.mark.slow
+def test_a_vllm_server_that_hangs_mid_run_is_named_at_the_step_it_hangs(stand_in_trl, tiny_model_dir, tmp_path):
+    """Two generations answered (two optimizer steps), the third accepted and never answered: the run stops at step 2
+    with `VLLMServerError` naming the generation request, within the bound."""
+    message, waited, trainer, server = _hung_run(stand_in_trl, tiny_model_dir, tmp_path, "/v1/completions", 3)
+    assert message.startswith(_hung_message(server.url, "generation", 2, 2)), message
+    assert 2.0 <= waited < 10.0, waited
+    assert trainer.state.global_step == 2 and server.counts["/v1/completions"] == 3
+
+
+@pytest.mark.slow
+def test_a_vllm_server_that_hangs_in_a_cache_reset_is_named(stand_in_trl, tiny_model_dir, tmp_path):
+    """The prefix-cache reset that ends the weight sync of step 1 is accepted and never answered: `VLLMServerError`
+    names the cache reset request, within the bound, and no generation of step 1 is asked for."""
+    message, waited, trainer, server = _hung_run(stand_in_trl, tiny_model_dir, tmp_path, "/reset_prefix_cache", 2)
+    assert message.startswith(_hung_message(server.url, "cache reset", 2, 1)), message
+    assert 2.0 <= waited < 10.0, waited
+    assert trainer.state.global_step == 1 and server.counts["/v1/completions"] == 1
+
+
+@pytest.mark.slow
+def test_a_vllm_server_that_hangs_in_a_weight_sync_ends_the_run_naming_it(tiny_model_dir, tmp_path):
+    """The weight transfer of step 1 (`/update_weights`, which TRL waits for beside its broadcast of the weights) is
+    accepted and never answered: the main process, stuck in a call no Python code can interrupt, writes
+    `VLLMServerError` naming the server, the weight sync request, the bound and the option, and ends with status 1
+    (as a `weight_sync_timeout` does), 2 s after the request; the run goes no further."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(__file__).parents[1]), str(Path(__file__).parent), env.get("PYTHONPATH", "")]
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "helpers.hung_server",
+        "/update_weights",
+        "2",
+        "2",
+        str(tiny_model_dir),
+        str(tmp_path),
+    ]
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=300)
+    seconds = time.monotonic() - started
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 1, output[-3000:]
+    url = re.search(r"^stand-in server: (\S+)$", proc.stdout, re.M).group(1)
+    assert re.search(rf"^VLLMServerError: {re.escape(_hung_message(url, 'weight sync', 2, 1))}", proc.stderr, re.M), (
+        output[-3000:]
+    )
+    assert "the run finished" not in output and "finally ran" not in output
+    assert seconds < 120, seconds
+
+
+@pytest.mark.slow
+def test_a_vllm_server_that_hangs_stops_every_process_and_leaves_none():
+    """2 processes under `torch.distributed.run`: the stand-in server accepts the main process's generation request
+    (through the client that `bound_server_requests` bounded to 2 s) and never answers, while process 1 waits for the
+    answer in a broadcast. The main process raises `VLLMServerError` naming the server, the request and the option
+    2 s after the request (its `finally` runs; torchrun names it as the root cause); process 1 logs the same error as
+    its own and stops; no process of the run is left."""
+    import uuid
+
+    import psutil
+
+    tag = f"rpg-hung-{uuid.uuid4().hex}"
+    returncode, output, seconds = failure_two_proc.launch("hung-generation", tag=tag)
+    assert returncode != 0 and failure_two_proc.root_cause(output) == (0, 1), output[-3000:]
+    assert "process 0 bounds its requests: True" in output and "process 1 bounds its requests: False" in output
+    message = "did not answer the generation request within 2 s (`vllm_request_timeout`) at training step 2"
+    assert re.search(
+        rf"\[rank0\]: rpg_trl\.reliability\.vllm_server\.VLLMServerError: The vLLM server at http://127\.0\.0\.1:\d+ "
+        rf"{re.escape(message)}",
+        output,
+    ), output[-4000:]
+    assert output.count("VLLMServerError on process 1: The vLLM server at ") == 1, output[-4000:]
+    assert re.search(rf"^VLLMServerError on process 1: The vLLM server at \S+ {re.escape(message)}", output, re.M)
+    waited = float(re.search(r"process 0: finally ran after ([\d.]+) s", output).group(1))
+    assert 2.0 <= waited < 10.0, waited
+    assert "got an answer" not in output
+    assert seconds < 90, seconds
+    left = [p.pid for p in psutil.process_iter(["cmdline"]) if tag in " ".join(p.info["cmdline"] or [])]
+    assert left == [], left

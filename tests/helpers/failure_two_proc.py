@@ -10,6 +10,9 @@ main process that answers `/health`), for the failure coordination of `rpg_trl/r
   store without pause (`WATCH_INTERVAL = 0`, the widest window for a thread inside a store call at exit); with `exit`
   the watcher is stopped by `watching` when the "training" ends, with `exit-atexit` only by the `atexit` handler.
 - `deadline`: the main process's weight sync to the server hangs (a sleep) past its deadline (1 s);
+- `hung-generation`: the server accepts the main process's generation request (through the trainer's client, bounded
+  by `bound_server_requests` to `vllm_request_timeout=2`) and never answers it, while process 1 waits for the answer
+  in a broadcast. The main process's `finally` prints how long the request took;
 - `queue-dry`: the main process waits on an empty rollout queue (AsyncRPGTrainer's health check with the server's probe,
   `ProbeWhileWaiting`) when the server has gone, while process 1 waits for its batch in a broadcast.
 
@@ -35,15 +38,16 @@ from types import SimpleNamespace
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def launch(mode: str, timeout: float = 120) -> tuple[int, str, float]:
+def launch(mode: str, timeout: float = 120, tag: str = "") -> tuple[int, str, float]:
     """This script with `mode` in 2 gloo processes under `torch.distributed.run`; returns (exit code, the launcher's
-    output with both processes' stdout and stderr, seconds)."""
+    output with both processes' stdout and stderr, seconds). `tag`: an extra argument on every process's command line
+    (unused by the script), by which a test finds its processes."""
     from helpers.ports import free_port
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
-    cmd += ["--master_port", str(free_port()), __file__, mode]
+    cmd += ["--master_port", str(free_port()), __file__, mode] + ([tag] if tag else [])
     started = time.monotonic()
     proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)  # fmt: skip
@@ -62,6 +66,9 @@ class Health(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802 - the name http.server calls
         self.send_response(200)
         self.end_headers()
+
+    def do_POST(self):  # noqa: N802 - a request that the server accepts and never answers (`hung-generation`)
+        threading.Event().wait()
 
     def log_message(self, *args):
         pass
@@ -113,6 +120,29 @@ def main(mode: str) -> None:
                     raise requests.ConnectionError("test: the server died mid-request")
             finally:
                 print("process 0: finally ran", flush=True)
+    elif mode == "hung-generation":
+        args.vllm_request_timeout = 2.0
+
+        class Client:  # TRL's VLLMClient.generate: a POST without a timeout
+            base_url = url
+
+            def generate(self):
+                return requests.post(f"{url}/v1/completions", json={"prompt": [[1, 2]]}).json()
+
+        trainer.vllm_generation = SimpleNamespace(vllm_client=Client() if rank == 0 else None)
+        print(f"process {rank} bounds its requests: {vllm_server.bound_server_requests(trainer)}", flush=True)
+        with process_failure.watching(trainer):
+            answer = torch.zeros(1)
+            with vllm_server.server_errors_named(trainer):
+                if rank == 1:
+                    dist.broadcast(answer, src=0)  # the main process's answer, which never comes
+                    sys.exit("process 1 got an answer")
+                started = time.monotonic()
+                try:
+                    trainer.vllm_generation.vllm_client.generate()
+                finally:
+                    print(f"process 0: finally ran after {time.monotonic() - started:.2f} s", flush=True)
+            sys.exit("process 0 got an answer")
     elif mode == "queue-dry":
         with process_failure.watching(trainer):
             if rank == 1:

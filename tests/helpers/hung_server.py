@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
@@ -34,7 +35,7 @@ class HangingServer:
     def __init__(self, model: str, hang_on: str | None = None, hang_at: int = 1):
         self.model, self.hang_on, self.hang_at = model, hang_on, hang_at
         self.counts: dict[str, int] = {}
-        self.hung = threading.Event()  # a request is being held
+        self.hung_at: float | None = None  # `time.monotonic()` when the held request arrived
         self._release = threading.Event()
         self._lock = threading.Lock()
         stand_in = self
@@ -69,7 +70,7 @@ class HangingServer:
         with self._lock:
             count = self.counts[path] = self.counts.get(path, 0) + 1
         if path == self.hang_on and count >= self.hang_at:
-            self.hung.set()
+            self.hung_at = time.monotonic()
             self._release.wait()  # accepted, never answered
             handler.close_connection = True
             return
@@ -149,9 +150,9 @@ def server_mode_args(output_dir, url: str, seconds: float, **overrides) -> dict:
 
 def build_trainer(model: str, output_dir, url: str, seconds: float, **overrides):
     """A tiny server-mode RPGTrainer (TRL patched by the caller) on the stand-in at `url`."""
-    from helpers.tiny_runs import PROMPTS, count_sevens
-
     from rpg_trl import RPGConfig, RPGTrainer
+
+    from helpers.tiny_runs import PROMPTS, count_sevens
 
     args = RPGConfig(**server_mode_args(output_dir, url, seconds, **overrides))
     return RPGTrainer(model, reward_funcs=count_sevens, args=args, train_dataset=PROMPTS)

@@ -1203,7 +1203,7 @@ def test_a_vllm_server_that_hangs_at_the_first_generation_is_named_within_vllm_r
     message, waited, trainer, server = _hung_run(stand_in_trl, tiny_model_dir, tmp_path, "/v1/completions", 1)
     assert message.startswith(_hung_message(server.url, "generation", 2, 0)), message
     assert "No complete checkpoint was saved" in message
-    assert 2.0 <= waited < 10.0, waited
+    assert 1.5 < waited < 10.0, waited  # from the request's arrival, just after the bound's start
     assert trainer.state.global_step == 0 and server.counts["/v1/completions"] == 1
 
 
@@ -1213,7 +1213,7 @@ def test_a_vllm_server_that_hangs_mid_run_is_named_at_the_step_it_hangs(stand_in
     with `VLLMServerError` naming the generation request, within the bound."""
     message, waited, trainer, server = _hung_run(stand_in_trl, tiny_model_dir, tmp_path, "/v1/completions", 3)
     assert message.startswith(_hung_message(server.url, "generation", 2, 2)), message
-    assert 2.0 <= waited < 10.0, waited
+    assert 1.5 < waited < 10.0, waited  # from the request's arrival, just after the bound's start
     assert trainer.state.global_step == 2 and server.counts["/v1/completions"] == 3
 
 
@@ -1223,7 +1223,7 @@ def test_a_vllm_server_that_hangs_in_a_cache_reset_is_named(stand_in_trl, tiny_m
     names the cache reset request, within the bound, and no generation of step 1 is asked for."""
     message, waited, trainer, server = _hung_run(stand_in_trl, tiny_model_dir, tmp_path, "/reset_prefix_cache", 2)
     assert message.startswith(_hung_message(server.url, "cache reset", 2, 1)), message
-    assert 2.0 <= waited < 10.0, waited
+    assert 1.5 < waited < 10.0, waited  # from the request's arrival, just after the bound's start
     assert trainer.state.global_step == 1 and server.counts["/v1/completions"] == 1
 
 

@@ -1,7 +1,8 @@
 """Units of `rpg_trl/reliability/`, without a trainer: the commit record of checkpoints and what a resume or a
 rotation makes of incomplete folders (`checkpoints.py`), the generation state saved beside a checkpoint
-(`generation_state.py`), the reward guard (`reward_guard.py`) and the hold on the gloo process group at exit
-(`teardown.py`). The end-to-end guarantees they serve are in `tests/test_guarantees.py` and
+(`generation_state.py`), the reward guard (`reward_guard.py`), the hold on the gloo process group at exit
+(`teardown.py`) and the failure coordination of a vLLM server run (`process_failure.py`, `vllm_server.py`; the bound on
+every request, `vllm_request_timeout`, with a tiny trainer and a stand-in server that hangs, `helpers/hung_server.py`). The end-to-end guarantees they serve are in `tests/test_guarantees.py` and
 `tests/test_multiprocess.py` (docs/guarantees.md)."""
 
 import asyncio

@@ -8,7 +8,9 @@ failed: 500`); with several training processes the others would wait in a collec
 server alone and broadcasts its answer) until the launcher ends them, without a word of why. Here the main process
 posts the failure in the process group's store before it raises, and every other process, whose watcher thread reads
 it there, logs it as its own (server URL and cause) and, once the main process has reported and ended, exits with
-status 1 ([`watch_for_server_failure`], [`rpg_trl.reliability.process_failure`]).
+status 1 ([`watch_for_server_failure`], [`rpg_trl.reliability.process_failure`]). TRL's requests carry no timeout: a
+server that accepts one and never answers would stall every process until the launcher's collective timeout; here each
+request (generation, weight sync, cache reset) is bounded by `vllm_request_timeout` ([`bound_server_requests`]).
 """
 
 from __future__ import annotations

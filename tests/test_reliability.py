@@ -410,7 +410,7 @@ def test_rng_files_of_another_number_of_processes_are_named(tmp_path, caplog, wi
 
 def test_a_stopped_runs_message_says_whether_a_checkpoint_was_saved(tmp_path):
     """The message of a run stopped by a dead vLLM server says which checkpoint a restart continues from, or that none
-    was saved (it used to say "Checkpoints already saved ... are complete" with none saved)."""
+    was saved, never that saved checkpoints are complete when none was saved."""
     from rpg_trl.reliability.vllm_server import _unreachable_message
 
     trainer = SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path)), state=SimpleNamespace(global_step=3))

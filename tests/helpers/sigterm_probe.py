@@ -15,7 +15,7 @@ from helpers import sessions
 def test_sleeps_until_terminated():
     out = Path(os.environ["RPG_PROBE_PIDS"])
     # Written under another name, then renamed: the redirect creates the file before echo writes, and the loop below
-    # read it empty under load (a CI of 2026-11-27: two process ids recorded instead of three).
+    # could read it empty under load.
     server = sessions.popen(
         ["bash", "-c", f"sleep 300 & echo $$ $! > {out}.tmp-session; mv {out}.tmp-session {out}.session; wait"]
     )

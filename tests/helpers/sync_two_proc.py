@@ -176,9 +176,9 @@ def main_zero3(out_dir: str) -> None:
     # DeepSpeed's CPU backend JIT-compiles a shared-memory all-reduce at start-up (minutes on 2 cores); gloo suffices.
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="gloo")
-    # No trainer here to hold the gloo group (RPGTrainer does): without it, the group died during interpreter
-    # finalization and a process aborted at exit ("terminate called without an active exception", a full suite of
-    # 2026-11-27), the failure rpg_trl/reliability/teardown.py prevents.
+    # No trainer here to hold the gloo group (RPGTrainer does): without it, the group can die during interpreter
+    # finalization and a process abort at exit ("terminate called without an active exception"), the failure
+    # rpg_trl/reliability/teardown.py prevents.
     assert hold_process_group_until_exit()
     rank = torch.distributed.get_rank()
     zero3 = types.SimpleNamespace(deepspeed_plugin=types.SimpleNamespace(zero_stage=3))

@@ -60,3 +60,12 @@ def test_the_failure_message_names_each_start_once():
 @pytest.mark.slow
 def test_the_slow_tier_is_left_unwatched(request):
     assert tiers._STARTED not in request.node.stash
+
+
+def test_the_platform_query_that_starts_uname_is_answered_before_any_test(request):
+    """`platform.processor()` runs `uname -p` once per process; `install` asked it first, so a test that records the
+    machine (as the commands do) starts no process, whichever test runs first."""
+    import platform
+
+    assert platform.processor() is not None
+    assert request.node.stash[tiers._STARTED] == []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing.process
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -102,6 +103,11 @@ _STARTED = pytest.StashKey[list]()
 
 
 def install(config) -> None:
-    """Registers this module's two hooks with pytest (once per session, whichever conftest calls first)."""
+    """Registers this module's two hooks with pytest (once per session, whichever conftest calls first).
+
+    The standard library's `platform.processor()` starts `uname -p` the first time a process asks (then caches it);
+    the commands record the machine with it. It is asked here, before any test, so that the check charges no test with
+    it, whichever test happens to run first in its process."""
     if not config.pluginmanager.has_plugin("rpg-trl-tiers"):
+        platform.processor()
         config.pluginmanager.register(sys.modules[__name__], "rpg-trl-tiers")

@@ -59,7 +59,7 @@ def _end(process: subprocess.Popen, pids) -> None:
 def test_a_sigterm_to_pytest_ends_the_sessions_its_tests_started(tmp_path):
     """pytest runs tests/helpers/sigterm_probe.py, whose test starts a session of its own as the vLLM server fixture
     does (a shell and its sleeping child) and a plain child, then sleeps. A SIGTERM to pytest ends it within seconds
-    (with SIGTERM's status, as without the handler) and leaves none of them running: without tests/conftest.py's
+    (with SIGTERM's status, as without the handler) and leaves none of them running: without the conftests'
     handler (helpers/sessions.py) pytest ended at once and the session, out of reach of its process group, went on."""
     out = tmp_path / "pids"
     env = dict(os.environ, RPG_PROBE_PIDS=str(out))

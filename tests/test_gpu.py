@@ -38,7 +38,7 @@ from helpers.tiny_runs import PROMPTS
 DRY_RUN = os.environ.get("RPG_GPU_DRY_RUN", "0") not in ("", "0")
 DEVICE = "cpu" if DRY_RUN else "cuda"
 
-# Marked `gpu` (and so skipped without CUDA by conftest.py) except in the dry run, which is meant to run on CPU.
+# Marked `gpu` (and so skipped without CUDA by tests/helpers/fixtures.py) except in the dry run, which is meant to run on CPU.
 pytestmark = [] if DRY_RUN else [pytest.mark.gpu]
 
 # ~0.5B parameters: 28 layers of hidden 1024, MLP 5120, 16 query / 4 key-value heads of 64.

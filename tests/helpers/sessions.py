@@ -3,7 +3,7 @@
 The tests start some processes in a session of their own (`start_new_session=True`), so that a test can end a whole
 tree at once: a `trl vllm-serve` and its engine core, a torchrun and its workers. A SIGTERM to pytest (CI stopped, a
 timeout) ends pytest at once, without its fixtures' teardown, and a signal to pytest's process group does not reach
-those sessions: they went on running. [`install`] (tests/conftest.py) makes a SIGTERM to pytest end, first, every
+those sessions: they went on running. [`install`] (tests/helpers/fixtures.py, which the conftests import) makes a SIGTERM to pytest end, first, every
 process below it (its children, theirs, and the sessions [`popen`] started: SIGTERM, then SIGKILL after a few
 seconds), and ends the sessions still running when pytest exits (atexit). Standard library only: the vLLM server's
 workers import `helpers.vllm_cpu`, which imports this module.

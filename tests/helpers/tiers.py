@@ -4,7 +4,7 @@ The README's test command runs `-m "not slow"` (the fast tier); `.ci/run` then r
 markers). A test that starts a process (`subprocess.Popen`, which `subprocess.run`, `check_output` and the
 `helpers.sessions` launches go through; `multiprocessing.Process.start`; `os.fork`) or listens on a socket (a stand-in
 server) without the mark fails, naming what it started, so that a new launch cannot slip into the fast tier unseen.
-[`install`] registers the check with pytest (both conftests call it).
+[`install`] registers the check with pytest (tests/helpers/fixtures.py calls it).
 """
 
 from __future__ import annotations

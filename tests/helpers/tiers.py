@@ -35,7 +35,7 @@ def _describe(args) -> str:
 
 
 class Tracker:
-    """Records what the tests outside the slow tier start; one per pytest session."""
+    """Records what one test outside the slow tier starts, while it runs (its set-up and teardown included)."""
 
     def __init__(self):
         self.started: list[str] = []

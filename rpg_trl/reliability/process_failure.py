@@ -62,12 +62,21 @@ MAIN_EXIT_TIMEOUT = 60.0
 EXIT_GRACE = 5.0
 
 
+def check_seconds(name: str, value, default: float, allow_none: bool = False) -> None:
+    """Raise a `ValueError` naming the option `name` (whose default is `default`) unless `value` is a finite number of
+    seconds > 0, or None where `allow_none` (no bound)."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value < math.inf:
+        none = ", or None for no bound" if allow_none else ""
+        raise ValueError(
+            f"`{name}` must be a finite number of seconds > 0{none} (default {default:g}); got {value!r}."
+        )
+
+
 def check_exit_timeout(timeout, name: str = "main_process_exit_timeout") -> None:
     """Raise a `ValueError` naming `name` unless `timeout` is a finite number of seconds > 0."""
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.0 < timeout < math.inf:
-        raise ValueError(
-            f"`{name}` must be a finite number of seconds > 0 (default {MAIN_EXIT_TIMEOUT:g}); got {timeout!r}."
-        )
+    check_seconds(name, timeout, MAIN_EXIT_TIMEOUT)
 
 
 _TRAINER_NUMBERS = itertools.count()

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import threading
 
 from transformers.utils import logging
 
 from .checkpoints import saved_checkpoints_sentence
-from .process_failure import FailureWatcher, deadline, failure_key, tell_other_processes
+from .process_failure import FailureWatcher, check_seconds, deadline, failure_key, tell_other_processes
 
 
 logger = logging.get_logger(__name__)
@@ -66,13 +65,7 @@ class VLLMServerError(RuntimeError):
 
 def check_request_timeout(timeout, name: str = "vllm_request_timeout") -> None:
     """Raise a `ValueError` naming `name` unless `timeout` is None or a finite number of seconds > 0."""
-    if timeout is None:
-        return
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.0 < timeout < math.inf:
-        raise ValueError(
-            f"`{name}` must be a finite number of seconds > 0, or None for no bound (default {REQUEST_TIMEOUT:g}); "
-            f"got {timeout!r}."
-        )
+    check_seconds(name, timeout, REQUEST_TIMEOUT, allow_none=True)
 
 
 def uses_vllm_server(trainer) -> bool:

@@ -23,10 +23,12 @@ from . import kl_control
 from .losses import (
     AGGREGATIONS,
     DEFAULT_KL_CLIP_MODE,
+    DEFAULT_KL_TO_GO,
     DIVERGENCES,
     ESTIMATORS,
     KL_CLIP_MODES,
     KL_LEVELS,
+    KL_TO_GO,
     RPGLossSpec,
 )
 from .reliability import importance_weights, kl_drift, process_failure, vllm_server
@@ -153,6 +155,18 @@ class RPGLossArguments:
             "choices": list(KL_CLIP_MODES),
         },
     )
+    kl_to_go: str = field(
+        default=DEFAULT_KL_TO_GO,
+        metadata={
+            "help": "With kl_level='sequence' and divergence 'urkl' or 'rkl': how each token's KL-to-go (the KL of the "
+            "tokens after it, weighted by their prefix ratios) is estimated. 'log_ratio' (default): the later tokens' "
+            "sampled log-ratios log ρ as they are. 'k3': each later token's log ρ replaced by k3 = log ρ + 1/ρ - 1, "
+            "which has the same expectation given the tokens before it (a zero-mean control variate), so the gradient "
+            "stays unbiased while the later tokens' noise falls from first to second order in log ρ; for long "
+            "completions (docs/design.md, 'The KL-to-go at length').",
+            "choices": list(KL_TO_GO),
+        },
+    )
 
     # Paper defaults that differ from TRL's (Sec. 5, Appendix H).
     beta: float = field(
@@ -224,6 +238,7 @@ class RPGLossArguments:
             kl_importance_weight=self.kl_importance_weight,
             kl_level=self.kl_level,
             kl_clip_mode=self.kl_clip_mode,
+            kl_to_go=self.kl_to_go,
         )
 
     def rpg_loss_spec(self) -> RPGLossSpec:
@@ -412,6 +427,12 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             clip(w, 1 − ε, 1 + ε_high), Algorithm 1 literally: it can push the policy away from its
             anchor, with a reference model, with rkl, or over whole completions, and warns so) or `"stopped"` (no KL
             gradient where the reward term is clipped, Algorithm 2). See docs/design.md.
+        kl_to_go (`str`, *optional*, defaults to `"log_ratio"`):
+            With `kl_level="sequence"` and `divergence` `"urkl"` or `"rkl"`, how each token's KL-to-go is estimated:
+            `"log_ratio"` (the later tokens' sampled log π_θ/π_ref) or `"k3"` (each later token's log ρ replaced by
+            k3 = log ρ + 1/ρ − 1: the same expectation given the tokens before it, so the gradient stays unbiased,
+            with less noise at length). Refused with the token level and with fkl/ufkl, which have no KL-to-go. See
+            docs/design.md.
         aggregation (`str` or `None`, *optional*, defaults to `None`):
             Loss aggregation: `"token-mean"`, `"seq-mean-token-mean"`, `"seq-mean-token-sum"` or
             `"seq-mean-token-sum-norm"`. `None` derives it from `loss_type` and uses TRL's normaliser for it exactly

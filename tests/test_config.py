@@ -48,6 +48,15 @@ INVALID_CONFIGS = [
         "`kl_clip_mode` must be one of 'exact', 'truncated', 'clipped', 'stopped'; got 'w_bar'",
     ),
     (RPGConfig, dict(kl_level="sequence", use_bias_correction_kl=False), "`kl_importance_weight=False` (GRPO's"),
+    (RPGConfig, dict(kl_to_go="k2"), "`kl_to_go` must be one of 'log_ratio', 'k3'; got 'k2'"),
+    (RPGConfig, dict(kl_to_go="k3"), "`kl_to_go='k3'` estimates the KL-to-go of each token"),
+    (
+        RPGConfig,
+        dict(kl_to_go="k3", kl_level="sequence", divergence="ufkl"),
+        "`kl_to_go='k3'` estimates the KL-to-go of each token (the KL of the tokens after it), which only the reverse "
+        "divergences have over whole completions: it needs kl_level='sequence' and divergence in ['rkl', 'urkl']; got "
+        "kl_level='sequence', divergence='ufkl'",
+    ),
     (RPGConfig, dict(rpg_clip="yes"), "`rpg_clip` must be a bool; got 'yes'"),
     (RPGConfig, dict(importance_weight_warning_threshold=0.5), "`importance_weight_warning_threshold` must be"),
     (RPGConfig, dict(kl_drift_warning="yes"), "`kl_drift_warning` must be True or False; got 'yes'"),
@@ -143,6 +152,7 @@ INVALID_CONFIGS = [
     (AsyncRPGConfig, dict(kl_importance_weight=False, divergence="fkl"), "`kl_importance_weight=False` is the"),
     (AsyncRPGConfig, dict(kl_level="sequence"), "`kl_level='sequence'` is not available with AsyncRPGTrainer"),
     (AsyncRPGConfig, dict(kl_clip_mode="none"), "`kl_clip_mode` must be one of"),
+    (AsyncRPGConfig, dict(kl_to_go="k3"), "`kl_to_go='k3'` estimates the KL-to-go of each token"),
     (AsyncRPGConfig, dict(importance_weight_warning_threshold=1.0), "`importance_weight_warning_threshold` must be"),
     (AsyncRPGConfig, dict(kl_target=0.1), "`kl_target` (the adaptive KL coefficient) is not available with AsyncRPG"),
     (AsyncRPGConfig, dict(kl_horizon=100.0), "`kl_horizon` sets the adaptive KL coefficient, which only acts with"),

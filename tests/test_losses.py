@@ -15,9 +15,13 @@ from rpg_trl.losses import (
     ESTIMATORS,
     KL_CLIP_MODES,
     KL_LEVELS,
+    KL_TERMS,
     KLSignWarning,
+    importance_ratios,
+    log_k3,
     rpg_loss,
     rpg_per_token_loss,
+    sequence_kl_weight,
 )
 
 
@@ -747,16 +751,22 @@ def random_logits(seed, scale):
     return torch.tensor(np.random.default_rng(seed).normal(scale=scale, size=(len(prefixes()), VOCAB)))
 
 
+#: (divergence, kl_to_go): every divergence with the sampled KL-to-go, and the reverse ones with its k3 form.
+DIVERGENCE_AND_TO_GO = [(d, "log_ratio") for d in DIVERGENCES] + [("rkl", "k3"), ("urkl", "k3")]
+
+
 @pytest.mark.parametrize("anchor", ["sampling", "reference"])
 @pytest.mark.parametrize("policy", ["on-policy", "off-policy"])
 @pytest.mark.parametrize("estimator", ESTIMATORS)
-@pytest.mark.parametrize("divergence", DIVERGENCES)
+@pytest.mark.parametrize(("divergence", "kl_to_go"), DIVERGENCE_AND_TO_GO)
 def test_sequence_level_gradient_equals_finite_differences_of_the_enumerated_divergence(
-    divergence, estimator, policy, anchor
+    divergence, kl_to_go, estimator, policy, anchor
 ):
     """E_{y∼π_old}[∇ loss(y)] with kl_level="sequence" (A = 0, so only the KL acts, unclipped) equals the gradient of
     β·D(π_θ, π_ref) between whole completions, D computed by enumeration and differentiated by central finite
-    differences, float64: on- and off-policy, with a separate reference and with the sampling policy as the anchor."""
+    differences, float64: on- and off-policy, with a separate reference and with the sampling policy as the anchor;
+    with either estimate of the KL-to-go (``kl_to_go="k3"`` is unbiased: its later terms differ from the sampled
+    log-ratios by a term whose mean given the tokens before it is 0, even with completions that end early)."""
     ys, index = completions(), prefixes()
     theta = random_logits(0, 1.0)
     old_logits = theta.clone() if policy == "on-policy" else random_logits(1, 1.0)
@@ -777,6 +787,7 @@ def test_sequence_level_gradient_equals_finite_differences_of_the_enumerated_div
         beta=BETA,
         clip=False,
         kl_level="sequence",
+        kl_to_go=kl_to_go,
     )
     (p_old * per_token.sum(-1)).sum().backward()
 
@@ -797,6 +808,82 @@ def test_sequence_level_gradient_equals_finite_differences_of_the_enumerated_div
     if policy == "off-policy" or anchor == "reference":
         assert expected.abs().max() > 1e-3  # the divergence has a gradient here (else π_θ = π_ref: zero)
     np.testing.assert_allclose(z.grad.numpy(), expected.numpy(), rtol=1e-6, atol=1e-9)
+
+
+def per_completion_kl_gradients(divergence, kl_to_go, theta, old_logits, ref_logits):
+    """(N, parameters): each enumerated completion's gradient of the unclipped sequence-level KL term (A = 0), and the
+    completions' probabilities under π_old."""
+    ys, index = completions(), prefixes()
+    mask = torch.tensor([[1.0] * len(y) + [0.0] * (LENGTH - len(y)) for y in ys], dtype=torch.float64)
+    old_lp, ref_lp = token_logps(old_logits, ys, index), token_logps(ref_logits, ys, index)
+    grads = []
+    for i in range(len(ys)):
+        z = theta.clone().requires_grad_(True)
+        per_token, _ = rpg_per_token_loss(
+            token_logps(z, ys, index)[i : i + 1], old_lp[i : i + 1], torch.zeros(1, dtype=torch.float64),
+            mask[i : i + 1], ref_logps=ref_lp[i : i + 1], divergence=divergence, beta=BETA, clip=False,
+            kl_level="sequence", kl_to_go=kl_to_go,
+        )  # fmt: skip
+        per_token.sum().backward()
+        grads.append(z.grad.flatten())
+    return torch.stack(grads), torch.exp((old_lp * mask).sum(-1))
+
+
+@pytest.mark.parametrize("divergence", ["rkl", "urkl"])
+def test_the_k3_kl_to_go_has_the_same_mean_and_less_variance_near_the_reference(divergence):
+    # Exact moments over every completion: π_θ and π_old near π_ref (the regime of a KL that holds), where the later
+    # tokens' log-ratios are first-order noise and their k3 second-order.
+    ref_logits = random_logits(2, 1.0)
+    theta, old_logits = ref_logits + random_logits(0, 0.2), ref_logits + random_logits(1, 0.2)
+    moments = {}
+    for kl_to_go in ("log_ratio", "k3"):
+        g, p = per_completion_kl_gradients(divergence, kl_to_go, theta, old_logits, ref_logits)
+        mean = (p[:, None] * g).sum(0)
+        moments[kl_to_go] = (mean, (p * ((g - mean) ** 2).sum(-1)).sum(), g)
+    (mean_a, var_a, g_a), (mean_b, var_b, g_b) = moments["log_ratio"], moments["k3"]
+    np.testing.assert_allclose(mean_b.numpy(), mean_a.numpy(), rtol=1e-9, atol=1e-12)
+    assert (g_a - g_b).norm() > 0.05 * g_a.norm()  # per completion the two estimates differ ...
+    # ... and the k3 one varies less: urkl's variance is its KL-to-go's (0.0011 against 0.0020 here); rkl's is mostly
+    # its score term W≤t·∇log π_θ (zero-mean, the same at both), so the gain there is smaller (0.1224 against 0.1233).
+    assert var_b < (0.8 if divergence == "urkl" else 1.0) * var_a
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_k3_is_accurate_from_tiny_to_huge_log_ratios(dtype):
+    # The reference: k3(ρ) = 1/ρ − 1 + log ρ at 50 significant digits (mpmath), then its log.
+    mpmath = pytest.importorskip("mpmath")
+    mpmath.mp.dps = 50
+    magnitudes = np.concatenate([10.0 ** np.arange(-7, 2.1, 0.25), [0.0999, 0.1, 0.1001, 29.9, 30.0, 30.1, 60.0]])
+    xs = np.concatenate([-magnitudes, magnitudes])
+    xs = xs.astype(np.float32).astype(np.float64) if dtype == torch.float32 else xs
+    expected = [float(mpmath.log(mpmath.exp(-mpmath.mpf(x)) - 1 + mpmath.mpf(x))) for x in xs]
+    got = log_k3(torch.tensor(xs, dtype=dtype)).double().numpy()
+    tolerance = 1e-13 if dtype == torch.float64 else 3e-6
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance)
+    assert log_k3(torch.zeros(2, dtype=dtype)).eq(-math.inf).all()  # k3(1) = 0: no term
+
+
+@pytest.mark.parametrize("divergence", ["rkl", "urkl"])
+def test_the_k3_kl_to_go_in_log_space_equals_its_linear_sum(divergence):
+    # The log-space weight (its parts split by sign, summed with a reverse logcumsumexp) against the direct linear sum
+    # W≤t·log ρ_t + Σ_{t'>t} W≤t'·(log ρ_t' + 1/ρ_t' − 1) (+ W≤t for rkl), written out here in float64.
+    lp, old, ref, _, mask = make_inputs(seed=21, spread=0.5, with_ref=True)
+    ratios = importance_ratios(torch.tensor(lp), torch.tensor(old), torch.tensor(ref), torch.tensor(mask) > 0)
+    got = sequence_kl_weight(KL_TERMS[divergence], ratios.prefixes, kl_to_go="k3").numpy()
+    log_w, log_r = (lp - old) * mask, (ref - old) * mask
+    W, x = np.exp(np.cumsum(log_w, -1)), log_w - log_r
+    k3 = np.exp(-x) - 1.0 + x
+    expected = np.zeros_like(W)
+    for t in range(W.shape[1]):
+        expected[:, t] = W[:, t] * x[:, t] + (W[:, t + 1 :] * k3[:, t + 1 :]).sum(-1)
+    if divergence == "rkl":
+        expected = expected + W
+    active = mask > 0
+    np.testing.assert_allclose(got[active], expected[active], rtol=1e-10, atol=1e-12)
+    linear = KL_TERMS[divergence].sequence_weight(
+        torch.tensor(W), torch.ones_like(torch.tensor(W)), torch.tensor(x), kl_to_go="k3"
+    )
+    np.testing.assert_allclose(linear.numpy()[active], expected[active], rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("divergence", DIVERGENCES)

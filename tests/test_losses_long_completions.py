@@ -83,7 +83,31 @@ def reference(length: int, with_ref: bool, divergence: str, mode: str):
     return np.sign(normalised) * np.exp(log_K), scale
 
 
-def kl_weight(lp, old, ref, divergence, mode, estimator, dtype):
+@functools.lru_cache(maxsize=None)
+def k3_reference(length: int, with_ref: bool, divergence: str, mode: str):
+    """(K, scale) of ``kl_to_go="k3"``: ``W≤t·log ρ_t + Σ_{t'>t} W≤t'·(e^{−log ρ_t'} − 1 + log ρ_t')`` (+ ``W≤t`` for
+    rkl), each term divided by M_t before it is exponentiated and summed directly, float64; exact or truncated."""
+    log_W, _, log_rho = log_prefixes(length, with_ref)
+    log_M = np.maximum.accumulate(log_W[:, ::-1], -1)[:, ::-1]
+    k3 = np.expm1(-log_rho) + log_rho  # float64: relative rounding ~1e-16/|log ρ|, below the test's tolerance
+    later_sum = np.zeros_like(log_W)
+    later = np.arange(length)[None, :]
+    for b in range(log_W.shape[0]):
+        for t0 in range(0, length, BLOCK):
+            rows = np.arange(t0, min(t0 + BLOCK, length))
+            terms = np.exp(log_W[b][None, t0:] - log_M[b, rows][:, None]) * (later[:, t0:] > rows[:, None])
+            later_sum[b, rows] = terms @ k3[b, t0:]
+    own = np.exp(log_W - log_M) * log_rho
+    score = np.exp(log_W - log_M) if divergence == "rkl" else 0.0
+    normalised, magnitude = own + later_sum + score, np.abs(own) + later_sum + score
+    log_factor = log_M if mode == "exact" else np.minimum(log_M, math.log(C))
+    with np.errstate(divide="ignore"):
+        log_K = np.minimum(log_factor + np.log(np.abs(normalised)), LOG_WEIGHT_CLAMP)
+    scale = np.exp(np.minimum(log_factor + np.log(magnitude), LOG_WEIGHT_CLAMP))
+    return np.sign(normalised) * np.exp(log_K), scale
+
+
+def kl_weight(lp, old, ref, divergence, mode, estimator, dtype, kl_to_go="log_ratio"):
     """The KL weight K̃_t the loss applies: with A = 0, summed over each completion and averaged over the 2 of them at
     β = 1, the gradient of the loss with respect to log π_θ is K̃_t / 2."""
     logps = torch.tensor(lp, dtype=dtype, requires_grad=True)
@@ -97,6 +121,7 @@ def kl_weight(lp, old, ref, divergence, mode, estimator, dtype):
         beta=1.0,
         kl_level="sequence",
         kl_clip_mode=mode,
+        kl_to_go=kl_to_go,
         aggregation="seq-mean-token-sum",
         ref_logps=None if ref is None else torch.tensor(ref, dtype=dtype),
     )
@@ -128,6 +153,28 @@ def test_sequence_weights_are_exact_at_thousands_of_tokens(length, with_ref, div
                 # ... and the exact (or truncated) value, to the precision of the dtype.
                 tiny = 1e3 * torch.finfo(dtype).tiny
                 np.testing.assert_array_less(np.abs(got - K), rtol * scale + tiny, err_msg=case)
+
+
+@pytest.mark.parametrize("divergence", ["rkl", "urkl"])
+@pytest.mark.parametrize("with_ref", [False, True], ids=["sampling-anchor", "separate-ref"])
+@pytest.mark.parametrize("length", sorted(LENGTHS))
+def test_k3_kl_to_go_weights_are_exact_at_thousands_of_tokens(length, with_ref, divergence):
+    lp, old, ref = drifting_completions(length, with_ref)
+    for mode in ("exact", "truncated"):
+        K, scale = k3_reference(length, with_ref, divergence, mode)
+        for dtype, rtol in ((torch.float64, 1e-11), (torch.float32, 1e-4)):
+            for estimator in ("reinforce", "differentiable"):
+                got = kl_weight(lp, old, ref, divergence, mode, estimator, dtype, kl_to_go="k3")
+                case = f"{mode}, {estimator}, {dtype}"
+                assert np.isfinite(got).all(), case
+                tiny = 1e3 * torch.finfo(dtype).tiny
+                material = (np.abs(K) > 10 * rtol * scale) & (np.abs(K) > tiny)
+                assert material.mean() > 0.4, case
+                assert not (material & (np.sign(got) != np.sign(K))).any(), case
+                np.testing.assert_array_less(np.abs(got - K), rtol * scale + tiny, err_msg=case)
+        # Not the sampled KL-to-go: the later tokens' terms are their k3, not their log-ratios.
+        sampled, _ = reference(length, with_ref, divergence, mode)
+        assert (np.abs(K - sampled) > 1e-3 * np.abs(sampled)).mean() > 0.1
 
 
 @pytest.mark.parametrize("estimator", ["reinforce", "differentiable"])

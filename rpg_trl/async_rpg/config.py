@@ -19,7 +19,7 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, AsyncGRPOConfig):
     `max_staleness`, `token_budget`, ...) plus RPG's loss fields, declared once in [`rpg_trl.config.RPGLossArguments`]
     and shared with [`RPGConfig`] (same names, defaults and checks): `divergence` (default `"urkl"`), `estimator`
     (`"reinforce"`), `rpg_clip` (`True`), `clip_c` (`10.0`), `kl_anchor` (`None` → `"sampling"`),
-    `kl_importance_weight` (`True`), `kl_level` (`"token"`, the only level here), `beta` (`1e-4`), `epsilon_high`
+    `kl_importance_weight` (`True`), `kl_level` (`"token"`, the only level here), `kl_to_go` (`"log_ratio"`, the only one at the token level), `beta` (`1e-4`), `epsilon_high`
     (`0.28`), `importance_weight_warning_threshold` (`100`), `kl_drift_warning` (`True`), `kl_drift_min_kl`
     (`0.01`) and `main_process_exit_timeout` (`60`, seconds); `epsilon` (`0.2`) is TRL's. Paper Sec. 3-5 and
     Appendix H.

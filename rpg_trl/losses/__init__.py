@@ -66,10 +66,12 @@ import torch
 from .kl import (
     CONTROLLED_KL,
     DEFAULT_KL_CLIP_MODE,
+    DEFAULT_KL_TO_GO,
     DIVERGENCES,
     KL_CLIP_MODES,
     KL_LEVELS,
     KL_TERMS,
+    KL_TO_GO,
     ControlledKL,
     KLClipMode,
     KLSignWarning,
@@ -78,6 +80,7 @@ from .kl import (
     kl_sign_message,
     kl_values,
     kl_weights,
+    log_k3,
     sequence_kl,
     sequence_kl_weight,
     sequence_log_parts,
@@ -121,6 +124,7 @@ __all__ = [
     "ClipRegions",
     "ControlledKL",
     "DEFAULT_KL_CLIP_MODE",
+    "DEFAULT_KL_TO_GO",
     "DIVERGENCES",
     "ESTIMATORS",
     "ESTIMATOR_FUNCTIONS",
@@ -131,6 +135,7 @@ __all__ = [
     "KL_CLIP_MODES",
     "KL_LEVELS",
     "KL_TERMS",
+    "KL_TO_GO",
     "LOG_RATIO_CLAMP",
     "LOG_WEIGHT_CLAMP",
     "PAPER_NAMES",
@@ -147,6 +152,7 @@ __all__ = [
     "kl_sign_message",
     "kl_values",
     "kl_weights",
+    "log_k3",
     "nan_extreme",
     "paper_name",
     "reinforce_per_token_loss",
@@ -271,7 +277,9 @@ def rpg_loss(
             paper's code and every peer; ``"sequence"``: the exact gradient of the KL between whole completions,
             exact under ``aggregation="seq-mean-token-sum"``), ``kl_clip_mode`` (``DEFAULT_KL_CLIP_MODE``; how the
             clip weights the KL term outside the trust region: ``"exact"``, ``"truncated"``, ``"clipped"`` or
-            ``"stopped"``, [`KL_CLIP_MODES`]).
+            ``"stopped"``, [`KL_CLIP_MODES`]) and ``kl_to_go`` (``"log_ratio"``; ``"k3"`` with ``kl_level="sequence"``
+            and ``divergence`` ``"rkl"`` or ``"urkl"``: the later tokens' ``log ρ`` in each token's KL-to-go replaced
+            by ``k3(ρ) = log ρ + 1/ρ − 1``, the same expectation with less noise, [`KL_TO_GO`]).
         ref_logps (`torch.Tensor` of shape `(B, T)`, *optional*): ``log π_ref`` of the KL anchor. ``None`` anchors
             the KL to the sampling policy (``π_ref = π_old``, the paper's runs), which needs no reference model.
         num_items (`float` or `torch.Tensor`, *optional*): token-mean normaliser to use instead of ``mask.sum()``.

@@ -65,18 +65,67 @@ class KLTerm:
     #: ``t' ≥ t``, of its KL-to-go: rkl, urkl).
     grows_with: str = "own"
 
-    def sequence_weight(self, W: torch.Tensor, R: torch.Tensor, log_rho: torch.Tensor) -> torch.Tensor:
+    def sequence_weight(
+        self, W: torch.Tensor, R: torch.Tensor, log_rho: torch.Tensor, kl_to_go: str = "log_ratio"
+    ) -> torch.Tensor:
         """``K_t`` from its parts at the given (detached, (B, T)) ``W≤t``, ``R≤t`` and token ``log ρ_t``, in linear
         space: for prefix ratios known to be moderate (the clipped ones of ``kl_clip_mode="clipped"``) and for tests;
-        [`sequence_kl_weight`] is the log-space form for ratios of any size."""
+        [`sequence_kl_weight`] is the log-space form for ratios of any size. `kl_to_go` ([`KL_TO_GO`]): the later
+        tokens' terms of the KL-to-go are ``W≤t'·log ρ_t'`` (``"log_ratio"``) or ``W≤t'·k3(ρ_t')`` (``"k3"``)."""
         weight = torch.zeros_like(W)
         if "to_go" in self.sequence_parts:
-            weight = weight + _reverse_cumsum(W * log_rho)
+            if kl_to_go == "k3":
+                later = _reverse_cumsum(W * k3_of_log_ratio(log_rho))
+                weight = weight + W * log_rho + torch.cat([later[..., 1:], torch.zeros_like(later[..., :1])], -1)
+            else:
+                weight = weight + _reverse_cumsum(W * log_rho)
         if "W" in self.sequence_parts:
             weight = weight + W
         if "-R" in self.sequence_parts:
             weight = weight - R
         return weight
+
+
+#: How the KL-to-go ``Σ_{t'≥t} W≤t'·log ρ_t'`` of the reverse rows (rkl, urkl) is estimated at ``kl_level="sequence"``
+#: (``kl_to_go``): ``"log_ratio"``, the sampled log-ratios of the later tokens as they are; ``"k3"``, each later
+#: token's ``log ρ_t'`` replaced by ``k3(ρ_t') = log ρ_t' + 1/ρ_t' − 1``, which has the same expectation given the
+#: tokens before it, so the gradient stays unbiased and the later tokens' noise falls from first to second order in
+#: ``log ρ`` (docs/design.md, "The KL-to-go at length").
+KL_TO_GO = ("log_ratio", "k3")
+
+
+#: The default of `kl_to_go`.
+DEFAULT_KL_TO_GO = "log_ratio"
+
+
+#: Below this ``|log ρ|`` [`log_k3`] uses the series of ``k3`` (``expm1(−x) + x`` cancels to its first order there).
+_K3_SERIES_BELOW = 0.1
+_K3_SERIES_TERMS = 12
+
+
+def log_k3(log_rho: torch.Tensor) -> torch.Tensor:
+    """``log k3(ρ)`` with ``k3(ρ) = 1/ρ − 1 + log ρ ≥ 0`` (Schulman's k3 at ``1/ρ``), from ``x = log ρ``, detached:
+    ``−inf`` where ``x = 0``, and accurate to the dtype's rounding for every finite ``x`` (near 0 the series
+    ``k3 = Σ_{n≥2} (−x)^n/n! = x²/2·Σ_{m≥0} 2·(−x)^m/(m + 2)!`` to ``m = 11``, whose remainder is below 1e-17 of it at
+    ``|x| < 0.1``; ``−x + log1p((x − 1)·e^x)`` for large negative ``x``)."""
+    x = log_rho.detach()
+    small = x.abs() < _K3_SERIES_BELOW
+    x_small = torch.where(small, x, 0.0)
+    factor = torch.zeros_like(x_small)
+    for m in range(_K3_SERIES_TERMS - 1, -1, -1):  # Horner: Σ_m 2·(−x)^m/(m + 2)!
+        factor = factor * -x_small + 2.0 / math.factorial(m + 2)
+    series = 2.0 * torch.log(x_small.abs()) - math.log(2.0) + torch.log(factor)
+    very_negative = x < -30.0
+    x_neg = torch.where(very_negative, x, -30.0)
+    tail = -x_neg + torch.log1p((x_neg - 1.0) * torch.exp(x_neg))
+    x_mid = torch.where(small | very_negative, 1.0, x)
+    middle = torch.log(torch.expm1(-x_mid) + x_mid)
+    return torch.where(small, series, torch.where(very_negative, tail, middle))
+
+
+def k3_of_log_ratio(log_rho: torch.Tensor) -> torch.Tensor:
+    """``k3(ρ) = 1/ρ − 1 + log ρ`` from ``log ρ`` ([`log_k3`]), detached."""
+    return torch.exp(log_k3(log_rho))
 
 
 def _W_before_times_w(p: Prefixes, log_w: torch.Tensor) -> torch.Tensor:
@@ -251,18 +300,27 @@ def _difference_of_exps(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tenso
     return torch.where(log_a >= log_b, 1.0, -1.0).to(log_magnitude.dtype) * torch.exp(log_magnitude)
 
 
-def sequence_log_parts(term: KLTerm, prefixes: Prefixes) -> tuple[torch.Tensor, torch.Tensor]:
+def sequence_log_parts(
+    term: KLTerm, prefixes: Prefixes, kl_to_go: str = DEFAULT_KL_TO_GO
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log P_t, log N_t)`` with ``K_t = P_t − N_t`` and ``P, N ≥ 0``: the positive and the negative parts of the
     exact sequence-level weight of `term` (the KL-to-go split by the sign of ``log ρ_t'`` and summed with a reverse
     ``logcumsumexp``, the score term ``W≤t`` on the positive side, ``R≤t`` on the negative side), from the unclamped
-    prefix log-ratios, (B, T) each, detached."""
+    prefix log-ratios, (B, T) each, detached. With ``kl_to_go="k3"`` ([`KL_TO_GO`]) the later tokens' terms are
+    ``W≤t'·k3(ρ_t') ≥ 0``, all on the positive side; the token's own term ``W≤t·log ρ_t`` keeps its sign."""
     log_W, log_R, log_rho = prefixes.exact_log_W, prefixes.exact_log_R, prefixes.exact_log_rho
     nothing = torch.full_like(log_W, -math.inf)
     log_P = log_N = nothing
     if "to_go" in term.sequence_parts:
         log_terms = log_W + torch.log(log_rho.abs())  # −inf where log ρ_t' = 0 (and on inactive tokens)
-        log_P = _reverse_logcumsumexp(torch.where(log_rho > 0, log_terms, nothing))
-        log_N = _reverse_logcumsumexp(torch.where(log_rho < 0, log_terms, nothing))
+        if kl_to_go == "k3":
+            later = _reverse_logcumsumexp(log_W + log_k3(log_rho))  # Σ_{t'≥t}; shifted to Σ_{t'>t}
+            later = torch.cat([later[..., 1:], nothing[..., :1]], -1)
+            log_P = torch.logaddexp(torch.where(log_rho > 0, log_terms, nothing), later)
+            log_N = torch.where(log_rho < 0, log_terms, nothing)
+        else:
+            log_P = _reverse_logcumsumexp(torch.where(log_rho > 0, log_terms, nothing))
+            log_N = _reverse_logcumsumexp(torch.where(log_rho < 0, log_terms, nothing))
     if "W" in term.sequence_parts:
         log_P = torch.logaddexp(log_P, log_W)
     if "-R" in term.sequence_parts:
@@ -283,14 +341,17 @@ def sequence_log_truncation(term: KLTerm, prefixes: Prefixes, spec: RPGLossSpec)
     return (log_M - math.log(spec.clip_c)).clamp(min=0.0)
 
 
-def sequence_kl_weight(term: KLTerm, prefixes: Prefixes, log_scale: torch.Tensor | None = None) -> torch.Tensor:
+def sequence_kl_weight(
+    term: KLTerm, prefixes: Prefixes, log_scale: torch.Tensor | None = None, kl_to_go: str = DEFAULT_KL_TO_GO
+) -> torch.Tensor:
     """The sequence-level KL weight ``K_t`` of `term` times ``e^{−log_scale}`` (B, T), detached, in log space: the
     positive and negative parts ([`sequence_log_parts`]) are divided by the scale before they are exponentiated, so the
     weight has the exact sign at any completion length, and its magnitude is exact up to rounding wherever it stays
     below ``e^LOG_WEIGHT_CLAMP`` (beyond, that magnitude with the exact sign). With ``log_scale = −log s_t``
     ([`sequence_log_truncation`]) it is the truncated weight ``s_t·K_t``, whose parts are then bounded: ``c·Σ_{t'≥t}
-    |log ρ_t'|`` for the KL-to-go and ``c`` for the score term."""
-    log_P, log_N = sequence_log_parts(term, prefixes)
+    |log ρ_t'|`` for the KL-to-go and ``c`` for the score term. `kl_to_go`: how the KL-to-go is estimated
+    ([`KL_TO_GO`])."""
+    log_P, log_N = sequence_log_parts(term, prefixes, kl_to_go)
     if log_scale is not None:
         log_P, log_N = log_P - log_scale, log_N - log_scale
     return _difference_of_exps(log_P, log_N)
@@ -299,7 +360,7 @@ def sequence_kl_weight(term: KLTerm, prefixes: Prefixes, log_scale: torch.Tensor
 def _exact_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     """``K_t`` of the whole-completion divergence at the exact prefix ratios (docs/design.md, sequence table), in log
     space ([`sequence_kl_weight`])."""
-    return sequence_kl_weight(term, ratios.prefixes)
+    return sequence_kl_weight(term, ratios.prefixes, kl_to_go=spec.kl_to_go)
 
 
 def _truncated_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
@@ -310,7 +371,7 @@ def _truncated_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     it is exponentiated). (Truncating each prefix on its own, ``Σ_{t'≥t} min(W≤t', c)·log ρ_t'``, can flip the sign
     of the sum; docs/design.md.)"""
     prefixes = ratios.prefixes
-    return sequence_kl_weight(term, prefixes, sequence_log_truncation(term, prefixes, spec))
+    return sequence_kl_weight(term, prefixes, sequence_log_truncation(term, prefixes, spec), spec.kl_to_go)
 
 
 def _clipped_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
@@ -322,7 +383,7 @@ def _clipped_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     W = torch.exp(log_W)
     R = torch.exp(prefixes.exact_log_R.clamp(max=LOG_WEIGHT_CLAMP))
     log_r = prefixes.exact_log_W.new_zeros(()) if ratios.exact_log_r is None else ratios.exact_log_r
-    weight = term.sequence_weight(W, R, log_w - log_r)
+    weight = term.sequence_weight(W, R, log_w - log_r, spec.kl_to_go)
     if term.sequence_score_term:  # a clipped score term is not zero-mean: drop it
         weight = weight - W
     return weight

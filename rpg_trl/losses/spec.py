@@ -16,10 +16,12 @@ from ._checks import (
 from .kl import (
     CONTROLLED_KL,
     DEFAULT_KL_CLIP_MODE,
+    DEFAULT_KL_TO_GO,
     DIVERGENCES,
     KL_CLIP_MODES,
     KL_LEVELS,
     KL_TERMS,
+    KL_TO_GO,
     ControlledKL,
     KLSignWarning,
     KLTerm,
@@ -58,6 +60,8 @@ class RPGLossSpec:
     kl_level: str = "token"  #: the KL's importance weights per token or over whole completions ([`KL_LEVELS`])
     #: how the clip treats the KL weight outside the trust region: a key of [`KL_CLIP_MODES`]
     kl_clip_mode: str = DEFAULT_KL_CLIP_MODE
+    #: how the KL-to-go of rkl and urkl is estimated at ``kl_level="sequence"``: a key of [`KL_TO_GO`]
+    kl_to_go: str = DEFAULT_KL_TO_GO
 
     def __post_init__(self):
         self.check()
@@ -134,6 +138,7 @@ class RPGLossSpec:
         _check_choice(n("importance_sampling_level"), self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
         _check_choice(n("kl_level"), self.kl_level, KL_LEVELS)
         _check_choice(n("kl_clip_mode"), self.kl_clip_mode, tuple(KL_CLIP_MODES))
+        _check_choice(n("kl_to_go"), self.kl_to_go, KL_TO_GO)
         _check_finite_number(n("beta"), self.beta, minimum=0.0)
         if not isinstance(self.clip, bool):
             raise ValueError(f"`{n('clip')}` must be a bool; got {self.clip!r}.")
@@ -163,6 +168,16 @@ class RPGLossSpec:
                 f"weights, so it has no sequence-level form: use {n('kl_level')}='token' with it, or "
                 f"{n('kl_importance_weight')}=True for the exact sequence-level KL."
             )
+        if self.kl_to_go != DEFAULT_KL_TO_GO:
+            has_to_go = "to_go" in KL_TERMS[self.divergence].sequence_parts
+            if self.kl_level != "sequence" or not has_to_go:
+                raise ValueError(
+                    f"`{n('kl_to_go')}={self.kl_to_go!r}` estimates the KL-to-go of each token (the KL of the tokens "
+                    f"after it), which only the reverse divergences have over whole completions: it needs "
+                    f"{n('kl_level')}='sequence' and {n('divergence')} in ['rkl', 'urkl']; got "
+                    f"{n('kl_level')}={self.kl_level!r}, {n('divergence')}={self.divergence!r}. Leave "
+                    f"{n('kl_to_go')}={DEFAULT_KL_TO_GO!r} otherwise."
+                )
 
 
 #: The KL term's gradient on-policy (π_θ = π_ref = π_old), per divergence ([`RPGLossSpec.on_policy_kl_gradient`]).

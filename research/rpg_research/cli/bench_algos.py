@@ -91,6 +91,7 @@ PRESETS = {
         "algorithms": [name for name in ALGORITHMS if name not in ("RPG default", "RPG sequence")],
         "kl_arms": None,  # all of rpg_research.cli.bench_kl.KL_ARMS
         "kl_betas": [0.2],
+        "kl_beta_selection": "shared",
         "sweep_seeds": [2000, 2001],
         "sweep_betas": [0.05, 0.1, 0.2],
         "sweep_learning_rates": [1e-3, 2e-3],
@@ -109,6 +110,7 @@ PRESETS = {
         "algorithms": [BASELINE, "RPG-REINFORCE-URKL"],
         "kl_arms": ["no KL", "RPG-URKL, token, exact"],
         "kl_betas": [0.1],
+        "kl_beta_selection": "shared",
         "sweep_seeds": [2000],
         "sweep_betas": [0.1],
         "sweep_learning_rates": [2e-3],
@@ -137,6 +139,7 @@ LONG_PRESETS = {
             "TRL k3 (corrected)",
         ],
         "kl_betas": [0.2],
+        "kl_beta_selection": "shared",
         "sweep_seeds": [2000, 2001],
         "sweep_betas": [0.2],
         "sweep_learning_rates": [2e-3],
@@ -155,6 +158,7 @@ LONG_PRESETS = {
         "algorithms": [BASELINE, "RPG sequence"],
         "kl_arms": ["no KL", "RPG-URKL, sequence, default"],
         "kl_betas": [0.2],
+        "kl_beta_selection": "shared",
         "sweep_seeds": [2000],
         "sweep_betas": [0.2],
         "sweep_learning_rates": [2e-3],
@@ -227,7 +231,16 @@ class BenchAlgosArguments:
     kl_learning_rate: float = field(default=2e-3, metadata={"help": "Learning rate of every run of the KL table."})
     kl_betas: list[float] | None = field(
         default=None,
-        metadata={"help": "Grid of the KL table's β (one for every regularised arm), chosen on the selection seeds."},
+        metadata={"help": "Grid of the KL table's β, chosen on the selection seeds (see kl_beta_selection)."},
+    )
+    kl_beta_selection: str | None = field(
+        default=None,
+        metadata={
+            "help": "How the KL table's β is chosen from kl_betas: 'shared' (one β for every regularised arm, the best "
+            "over all of them) or 'per_arm' (each arm's own best). Default: the task's preset ('shared' before the "
+            "fifth protocol).",
+            "choices": ["shared", "per_arm"],
+        },
     )
     sweep_seeds: list[int] | None = field(
         default=None,
@@ -294,6 +307,8 @@ class BenchAlgosArguments:
             raise ValueError(f"`learning_rates` must list positive numbers; got {self.learning_rates!r}.")
         if not self.selection_seeds:
             raise ValueError("`selection_seeds` must list at least one seed.")
+        if self.kl_beta_selection not in ("shared", "per_arm"):
+            raise ValueError(f"`kl_beta_selection` must be 'shared' or 'per_arm'; got {self.kl_beta_selection!r}.")
         if not self.kl_betas or any(not beta > 0 for beta in self.kl_betas):
             raise ValueError(f"`kl_betas` must list positive numbers; got {self.kl_betas!r}.")
         for name in ("sweep_betas", "sweep_learning_rates"):

@@ -67,6 +67,10 @@ KL_FOLLOW_UP_ARMS = {
     "RPG-URKL, token, default": {"divergence": "urkl", "kl_level": "token"},
     # The KL between whole completions at the default mode (the fourth protocol's KL table, long completions).
     "RPG-URKL, sequence, default": {"divergence": "urkl", "kl_level": "sequence"},
+    # The same with the KL-to-go's later log-ratios replaced by their k3 (`kl_to_go="k3"`, the fifth protocol).
+    "RPG-URKL, sequence, default, k3": {"divergence": "urkl", "kl_level": "sequence", "kl_to_go": "k3"},
+    # GRPO as TRL runs it, its k3 to the reference without importance weight (the fifth protocol's GRPO arm).
+    "GRPO (TRL, k3 uncorrected)": {"trainer": "grpo", "use_bias_correction_kl": False},
     "RPG-URKL, token, default, adaptive β": {"divergence": "urkl", "kl_level": "token", "kl_target": KL_TARGET},
     # The normalised forward KL, whose weight K = −r does not grow with w (the third KL protocol measures whether
     # truncating it matters).
@@ -207,9 +211,11 @@ def _kl_jobs(args, sft_dirs, arms, betas, seeds, root: Path, learning_rates=None
 def run_kl_table(args, sft_dirs: dict[int, str], pool) -> dict:
     """
     The KL table: the regularised arms at every β of ``args.kl_betas`` on the selection seeds (none with a single
-    β), the β with the highest mean true reward at the end over all of them ([`rpg_research.cli.protocol.select_best`]; one β for every arm, so that
-    the arms differ by their estimator only), then every arm of ``args.kl_arms`` at that β on the final seeds.
-    Returns the selection, the chosen β, the final runs and the rows of [`summarize_kl`].
+    β), the β with the highest mean true reward at the end ([`rpg_research.cli.protocol.select_best`]) over all of them
+    (``args.kl_beta_selection="shared"``: one β for every arm, so that the arms differ by their estimator only) or over
+    each arm's own runs (``"per_arm"``: each estimator at its own best β, the fifth protocol), then every arm of
+    ``args.kl_arms`` at its β on the final seeds. Returns the selection, the chosen β (``chosen_beta``: the shared one,
+    None per arm; ``chosen_betas``: each arm's), the final runs and the rows of [`summarize_kl`].
     """
     from .protocol import run_jobs, select_best
     from .runs import describe_run
@@ -221,11 +227,23 @@ def run_kl_table(args, sft_dirs: dict[int, str], pool) -> dict:
     betas = args.kl_betas if len(args.kl_betas) > 1 else []
     selection_jobs = _kl_jobs(args, sft_dirs, regularised, betas, args.selection_seeds, root)
     selection = run_jobs(selection_jobs, kl_job, desc="KL table: selection runs", **common)
-    scores: dict[float, list[float]] = {}
+    per_arm = getattr(args, "kl_beta_selection", "shared") == "per_arm"
+    scores: dict[tuple[str, float], list[float]] = {}
     for (spec, _), result in zip(selection_jobs, selection):
-        scores.setdefault(spec["beta"], []).append(result["last"])
-    beta = select_best(scores) if scores else args.kl_betas[0]
-    final_jobs = _kl_jobs(args, sft_dirs, args.kl_arms, [beta], args.final_seeds, root)
+        scores.setdefault((spec["arm"] if per_arm else "", spec["beta"]), []).append(result["last"])
+    # One β for every arm (the arms then differ by their estimator only), or each arm's own.
+    chosen = {
+        arm: select_best({b: v for (a, b), v in scores.items() if a == (arm if per_arm else "")})
+        if scores
+        else args.kl_betas[0]
+        for arm in regularised
+    }
+    beta = chosen[regularised[0]] if regularised and not per_arm else (None if per_arm else args.kl_betas[0])
+    final_jobs = [
+        job
+        for arm in args.kl_arms
+        for job in _kl_jobs(args, sft_dirs, [arm], [chosen.get(arm, 0.0)], args.final_seeds, root)
+    ]
     results = run_jobs(final_jobs, kl_job, desc="KL table: final runs", **common)
     runs = [{**spec, **result, "run_dir": run_dir} for (spec, run_dir), result in zip(final_jobs, results)]
     return {
@@ -234,6 +252,7 @@ def run_kl_table(args, sft_dirs: dict[int, str], pool) -> dict:
             for (spec, _), result in zip(selection_jobs, selection)
         ],
         "chosen_beta": beta,
+        "chosen_betas": chosen,
         "runs": runs,
         "table": summarize_kl(runs),
         "dynamics": kl_dynamics(runs),
@@ -286,15 +305,16 @@ def kl_reading(arm: str) -> str:
     return KL_CLIP_MODES[config["kl_clip_mode"]].source
 
 
-def format_kl_table(rows: list[dict], beta: float, args) -> str:
-    """Markdown table of the rows of [`summarize_kl`] (`beta`: the table's β)."""
+def format_kl_table(rows: list[dict], beta: float | None, args) -> str:
+    """Markdown table of the rows of [`summarize_kl`] (`beta`: the table's β; None: each arm's own, in a column)."""
     from .protocol import format_interval
     from .warm_start_bench import markdown_table
 
     n = len(args.final_seeds)
+    betas = "β = each arm's own (column β)" if beta is None else f"β = {beta:g} for every regularised arm"
     caption = (
         f"**KL table** ({KL_REGIME} steps per generation, proxy reward with a length bias, lr "
-        f"{args.kl_learning_rate:.2g}, β = {beta:g} for every regularised arm, {args.steps} steps). True reward "
+        f"{args.kl_learning_rate:.2g}, {betas}, {args.steps} steps). True reward "
         f"(exact answers) and proxy on {args.eval_problems} held-out problems at the end (sampled mean@"
         f"{args.eval_samples}); mean ± 95 % interval over {n} final seeds; Δ: paired difference to '{KL_BASELINE}' "
         "(points). KL to warm start: the token-level reverse KL(π_θ‖π_warm) at the end, exact over the vocabulary "
@@ -304,6 +324,7 @@ def format_kl_table(rows: list[dict], beta: float, args) -> str:
     )
     header = [
         "Arm",
+        *(["β"] if beta is None else []),
         "True reward (end)",
         f"Δ true vs {KL_BASELINE}",
         "Best true",
@@ -318,6 +339,7 @@ def format_kl_table(rows: list[dict], beta: float, args) -> str:
         cells.append(
             [
                 row["arm"],
+                *([f"{row['beta']:g}"] if beta is None else []),
                 format_interval(row["last"], row["last_ci"], digits=3),
                 "–"
                 if "last_vs_baseline" not in row

@@ -132,6 +132,8 @@ def test_task_is_registered_for_the_demo_and_the_benchmarks():
     splits = task.demo_task.make_splits(0, 100, 5)
     dataset = task.demo_task.build_rl_dataset(splits.rl)
     assert dataset[0] == {"prompt": splits.rl[0].prompt, "solution": splits.rl[0].solution}
+    # A generation batch of the fourth protocol (16 steps x 8 prompts) fills: TRL drops an incomplete one.
+    assert len(dataset) == ring_walk.RL_REPEATS * len(splits.rl) >= 16 * 8
 
 
 def test_entropy_measurement_agrees_with_a_direct_computation():

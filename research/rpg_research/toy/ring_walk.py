@@ -51,6 +51,9 @@ SFT_STEPS = 400
 #: Held-out and RL problems by default; the rest of the 234 are the warm start's (74 by default).
 NUM_EVAL = 100
 NUM_RL = 60
+#: Copies of each RL problem in the RL dataset ([`build_rl_dataset`]): TRL draws a generation batch of 128 prompts
+#: (16 optimizer steps of 8 prompts) and drops an incomplete one, which 60 problems alone would be.
+RL_REPEATS = 8
 #: The tokenizer's characters: the ring's letters, the digits, what the prompt writes.
 ALPHABET = RING + string.digits + " :walk"
 #: Longest completion: the walk and the end-of-sequence token.
@@ -142,11 +145,12 @@ def build_sft_dataset(
     return Dataset.from_list(rows)
 
 
-def build_rl_dataset(problems):
-    """Prompt-only dataset of the RL phase, with ``"s k"`` in the ``solution`` column read by the reward."""
+def build_rl_dataset(problems, repeats: int = RL_REPEATS):
+    """Prompt-only dataset of the RL phase, with ``"s k"`` in the ``solution`` column read by the reward: the
+    problems `repeats` times over ([`RL_REPEATS`]), so that a generation batch fills (the trainer shuffles them)."""
     from datasets import Dataset
 
-    return Dataset.from_list([{"prompt": p.prompt, "solution": p.solution} for p in problems])
+    return Dataset.from_list([{"prompt": p.prompt, "solution": p.solution} for _ in range(repeats) for p in problems])
 
 
 def valid_transitions(letters: str, solution: str) -> tuple[bool, int]:

@@ -44,6 +44,7 @@ SUBCOMMAND_MODULES = (
     "rpg_research.cli.bench_async",
     "rpg_research.cli.kl_budget",
     "rpg_research.cli.bench_kl_variance",
+    "rpg_research.cli.task_stats",
 )
 #: Subcommand modules registered only when present and importable.
 OPTIONAL_SUBCOMMAND_MODULES = ("rpg_research.cli.bench_speed",)

@@ -164,8 +164,14 @@ LONG_PRESETS = {
         "sweep_learning_rates": [2e-3],
     },
 }
+#: The presets of ``--task ring_walk`` (issue 63: walks of 64 letters, every token uncertain): the fourth protocol's,
+#: with the ring walk's warm start and its 100 held-out problems (of 234), on seeds of its own.
+RING_PRESETS = {
+    "full": {**LONG_PRESETS["full"], "sft_steps": 400, "eval_problems": 100, "final_seed_start": 5000},
+    "quick": {**LONG_PRESETS["quick"], "sft_steps": 40, "final_seed_start": 5000},
+}
 #: The presets of each task (``--task``).
-TASK_PRESETS = {"addition": PRESETS, "long_addition": LONG_PRESETS}
+TASK_PRESETS = {"addition": PRESETS, "long_addition": LONG_PRESETS, "ring_walk": RING_PRESETS}
 
 
 @dataclass
@@ -179,16 +185,18 @@ class BenchAlgosArguments:
     task: str = field(
         default="addition",
         metadata={
-            "help": "The task: 'addition' (two-digit sums, 3-4 tokens) or 'long_addition' (four-digit sums worked out "
-            "in rows, 109-110 tokens; the fourth protocol, whose presets then apply: research/docs/bench_algos.md)."
+            "help": "The task: 'addition' (two-digit sums, 3-4 tokens), 'long_addition' (four-digit sums worked out "
+            "in rows, 109-110 tokens; the fourth protocol, whose presets then apply: research/docs/bench_algos.md) or "
+            "'ring_walk' (walks of 64 letters, every token uncertain; the fourth protocol's presets on its own warm "
+            "start: research/docs/demo.md)."
         },
     )
     model_size: str = field(
         default="small",
         metadata={
             "help": "Size of the task's model (`rpg-trl demo --model_size`): 'small' (the CPU one; the only size of "
-            "'addition'), or 'large' for 'long_addition' on a GPU (13.8M parameters; the fourth protocol's GPU-sized "
-            "variant)."
+            "'addition'), or 'large' for 'long_addition' or 'ring_walk' on a GPU (13.8M parameters; the fourth "
+            "protocol's GPU-sized variant)."
         },
     )
     device: str = field(
@@ -200,7 +208,7 @@ class BenchAlgosArguments:
         metadata={
             "help": "Record the diagnostics by position along the completion (importance weights, clipped tokens, "
             "the sequence level's truncation factor) in every run of the algorithms table; always on with "
-            "`task='long_addition'`."
+            "`task='long_addition'` and `task='ring_walk'`."
         },
     )
     tables: list[str] = field(default_factory=lambda: list(TABLES), metadata={"help": f"Tables to run: {TABLES}."})
@@ -279,7 +287,7 @@ class BenchAlgosArguments:
         if self.task not in TASK_PRESETS:
             raise ValueError(f"`task` must be one of {list(TASK_PRESETS)}; got {self.task!r}.")
         apply_preset(self, TASK_PRESETS[self.task], self.quick)
-        self.diagnostics = self.diagnostics or self.task == "long_addition"
+        self.diagnostics = self.diagnostics or self.task in ("long_addition", "ring_walk")
         from ..toy.tasks import check_model_size_and_device
 
         check_model_size_and_device(self.task, self.model_size, self.device)

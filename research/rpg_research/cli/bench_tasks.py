@@ -8,6 +8,9 @@ task ([`rpg_research.toy.tasks.DEMO_TASKS`]).
   per optimizer step (8 prompts × 8 samples), the same flaw on the answer line
   ([`rpg_research.toy.proxy.answer_line_proxy_reward`]); the per-position diagnostics group the tokens by the row
   they belong to ([`BenchTask.position_groups`]).
+* ``"ring_walk"``: walks of 64 letters, each step +k or −k around a ring (65 tokens, every one uncertain:
+  [`rpg_research.toy.ring_walk`]), 64 completions per optimizer step, the proxy paying for letters after the walk
+  ([`rpg_research.toy.proxy.ring_walk_proxy_reward`]); the diagnostics pool the walk's quarters and its end.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ class BenchTask:
 
 
 def _bench_tasks() -> dict[str, BenchTask]:
-    from ..toy import long_addition, proxy
+    from ..toy import long_addition, proxy, ring_walk
     from ..toy.addition import MAX_COMPLETION_LENGTH
 
     rows = tuple(
@@ -56,6 +59,8 @@ def _bench_tasks() -> dict[str, BenchTask]:
         for i in range(long_addition.NUM_DIGITS)
     )
     answer_start = long_addition.NUM_DIGITS * long_addition.ROW_LENGTH
+    quarter = ring_walk.WALK_LENGTH // 4
+    quarters = tuple((f"quarter {i + 1}", i * quarter, (i + 1) * quarter) for i in range(4))
     return {
         "addition": BenchTask(
             demo="addition",
@@ -73,11 +78,20 @@ def _bench_tasks() -> dict[str, BenchTask]:
             proxy_max_completion_length=proxy.long_max_completion_length(),
             position_groups=(*rows, ("answer line and end", answer_start, long_addition.MAX_COMPLETION_LENGTH)),
         ),
+        "ring_walk": BenchTask(
+            demo="ring_walk",
+            completions_per_step=64,
+            proxy_reward=proxy.ring_walk_proxy_reward,
+            strict_reward=ring_walk.ring_walk_reward,
+            proxy_max_completion_length=proxy.ring_walk_max_completion_length(),
+            # The end: the end token, or the letters the proxy pays for.
+            position_groups=(*quarters, ("end", ring_walk.WALK_LENGTH, proxy.ring_walk_max_completion_length())),
+        ),
     }
 
 
 #: The names of the tasks ([`bench_task`] gives each).
-BENCH_TASK_NAMES = ("addition", "long_addition")
+BENCH_TASK_NAMES = ("addition", "long_addition", "ring_walk")
 
 
 def bench_task(name: str) -> BenchTask:

@@ -30,10 +30,12 @@ rpg-trl demo                          # default seed 0, output in rpg_demo/
 rpg-trl demo --seed 1 --output_dir rpg_demo_seed1
 rpg-trl demo --device cuda            # the same on the first GPU, with bf16 autocast
 rpg-trl demo --task long_addition     # four-digit additions worked out in rows: completions of ~110 tokens
+rpg-trl demo --task ring_walk         # walks of 64 letters, two right letters at each step: 65 uncertain tokens
 ```
 
 ``--task long_addition`` runs the same pipeline on the task of [`rpg_research.toy.long_addition`], whose completions
-are 109-110 tokens long, so that RPG's importance weights and its sequence-level KL act over many tokens; the tasks and
+are 109-110 tokens long, so that RPG's importance weights and its sequence-level KL act over many tokens; ``--task
+ring_walk`` on the walks of [`rpg_research.toy.ring_walk`], 65 tokens each of which stays uncertain; the tasks and
 their defaults are listed in [`rpg_research.toy.tasks`].
 """
 
@@ -100,20 +102,24 @@ class DemoArguments:
     task: str = field(
         default="addition",
         metadata={
-            "help": "The task: 'addition' (two-digit additions, the bare sum: 3-4 tokens) or 'long_addition' (four-digit "
-            "additions worked out in rows: 109-110 tokens, where RPG's weights act over long completions; "
+            "help": "The task: 'addition' (two-digit additions, the bare sum: 3-4 tokens), 'long_addition' (four-digit "
+            "additions worked out in rows: 109-110 tokens, where RPG's weights act over long completions) or "
+            "'ring_walk' (walks of 64 letters, each step +k or -k around a ring: 65 tokens, all uncertain; "
             "research/docs/demo.md). It sets the defaults of the arguments below that say so."
         },
     )
     model_size: str = field(
         default="small",
         metadata={
-            "help": "Size of the task's model: 'small' (CPU); 'long_addition' also has 'large' (a GPU run, same code)."
+            "help": "Size of the task's model: 'small' (CPU); 'long_addition' and 'ring_walk' also have 'large' (a GPU "
+            "run, same code)."
         },
     )
     steps: int | None = field(
         default=None,
-        metadata={"help": "Number of RPG optimizer steps (default: 400 for addition, 40 for long_addition)."},
+        metadata={
+            "help": "Number of RPG optimizer steps (default: 400 for addition, 40 for long_addition, 32 for ring_walk)."
+        },
     )
     seed: int = field(
         default=0,
@@ -123,7 +129,7 @@ class DemoArguments:
         default=None,
         metadata={
             "help": "Supervised warm-start steps (batch 32) of the first round (default: 1500 for addition, 400 for "
-            "long_addition); with addition, more rounds follow while the model cannot add yet (see "
+            "long_addition and ring_walk); with addition, more rounds follow while the model cannot add yet (see "
             "`sft_extra_rounds`). Far fewer steps leave a model that cannot add (useful only for smoke tests)."
         },
     )
@@ -131,8 +137,8 @@ class DemoArguments:
         default=None,
         metadata={
             "help": "At most this many extra warm-start rounds (of 2/3 of `sft_steps` each) while the model cannot add "
-            "yet; 0 disables the readiness check's extension (default: 3 for addition; long_addition has no readiness "
-            "check: 0)."
+            "yet; 0 disables the readiness check's extension (default: 3 for addition; long_addition and ring_walk have "
+            "no readiness check: 0)."
         },
     )
     divergence: str = field(
@@ -147,16 +153,23 @@ class DemoArguments:
         default=None,
         metadata={
             "help": "RPG learning rate (AdamW, 10 warm-up steps, then constant; default: 6e-4 for addition, tuned for "
-            "its tiny model with advantage = reward − group mean (no std scaling); 1e-4 for long_addition, not tuned)."
+            "its tiny model with advantage = reward − group mean (no std scaling); 1e-4 for long_addition, not tuned; "
+            "3e-4 for ring_walk, GRPO's pilot rate: research/docs/demo.md)."
         },
     )
-    eval_problems: int = field(default=400, metadata={"help": "Number of held-out problems (never trained on)."})
+    eval_problems: int | None = field(
+        default=None,
+        metadata={
+            "help": "Number of held-out problems, never trained on (default: 400; 100 for ring_walk, whose 234 "
+            "problems are split three ways)."
+        },
+    )
     eval_samples: int = field(default=4, metadata={"help": "Completions sampled per held-out problem (mean@k)."})
     eval_every: int | None = field(
         default=None,
         metadata={
             "help": "Evaluate the held-out accuracy every this many RPG steps (default: 50 for addition, 40 for "
-            "long_addition)."
+            "long_addition, 32 for ring_walk)."
         },
     )
     device: str = field(
@@ -289,9 +302,9 @@ def _run_demo(args: DemoArguments) -> dict:
         "greedy_accuracy_after": after["heldout/greedy_accuracy"],
         "accuracy_gain_points": 100.0 * (after["heldout/accuracy"] - before["heldout/accuracy"]),
         "accuracy_definition": (
-            f"mean@{args.eval_samples}: fraction of correct answers among {args.eval_samples} completions per "
+            f"mean@{args.eval_samples}: mean score (the fraction of correct answers) of {args.eval_samples} completions per "
             f"problem, sampled at temperature 1.0 without top-k/top-p, on {len(splits.eval)} held-out "
-            f"{task.problems} never seen in training; correct = math-verify match of the completion's answer with a+b"
+            f"{task.problems} never seen in training; {task.scored_by}"
         ),
         "accuracy_curve": [
             {"step": e["step"], "accuracy": e["heldout/accuracy"], "greedy_accuracy": e["heldout/greedy_accuracy"]}

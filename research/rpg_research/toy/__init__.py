@@ -7,7 +7,8 @@ accuracy and its trainer callback ([`evaluation`]), the supervised warm start th
 per-seed cache ([`warm_start`]), the CPU session and training presets ([`training`]), deterministic rollouts for
 comparing trainers on the same batches ([`rollouts`]) and the training curves read back from a run ([`curves`]).
 ``rpg-trl demo --task long_addition`` trains on four-digit additions worked out in rows, completions of 109-110 tokens
-([`long_addition`]); the demo reads what it needs of each task from [`tasks`].
+([`long_addition`]), ``--task ring_walk`` on walks of 64 letters whose every token is uncertain ([`ring_walk`]); the
+demo reads what it needs of each task from [`tasks`].
 
 The library (`rpg_trl` outside `rpg_research.toy` and `rpg_research.cli`) never imports this package; the command line
 (`rpg_research.cli`) does. The names below are importable from `rpg_research.toy` directly; each is loaded on first use, so

@@ -8,6 +8,20 @@ import functools
 from .addition import MAX_COMPLETION_LENGTH, addition_reward, prompt_of
 
 
+def problem_prompt(problem) -> str:
+    """The prompt of `problem`: its ``prompt`` where it has one (a ring walk's
+    [`rpg_research.toy.ring_walk.WalkProblem`]), else ``"a+b="`` for an addition ``(a, b)``."""
+    prompt = getattr(problem, "prompt", None)
+    return prompt if isinstance(prompt, str) else prompt_of(*problem)
+
+
+def problem_solution(problem) -> str:
+    """What the task's reward reads of `problem` (its ``solution`` column): its ``solution`` where it has one, else
+    the sum ``a + b`` of an addition."""
+    solution = getattr(problem, "solution", None)
+    return solution if isinstance(solution, str) else str(problem[0] + problem[1])
+
+
 def _sample(model, tokenizer, pairs, *, num_samples: int, greedy: bool, seed: int, max_new_tokens: int):
     """`model`'s completions for the problems `pairs` (left-padded prompts), at temperature 1.0 without top-k/top-p
     filtering, `num_samples` per problem (one greedy completion with `greedy`), from their own seeded random stream, in
@@ -30,7 +44,7 @@ def _sample(model, tokenizer, pairs, *, num_samples: int, greedy: bool, seed: in
     was_training = model.training
     model.eval()
     try:
-        inputs = tokenizer([prompt_of(a, b) for a, b in pairs], return_tensors="pt", padding=True).to(model.device)
+        inputs = tokenizer([problem_prompt(p) for p in pairs], return_tensors="pt", padding=True).to(model.device)
         with torch.no_grad(), torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             return inputs, model.generate(**inputs, generation_config=config)
@@ -68,7 +82,7 @@ def heldout_scores(
     )
     texts = tokenizer.batch_decode(output[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
     repeats = len(texts) // len(pairs)
-    solutions = [str(a + b) for a, b in pairs for _ in range(repeats)]
+    solutions = [problem_solution(p) for p in pairs for _ in range(repeats)]
     scores = {}
     for name, reward_func in reward_funcs.items():
         rewards = reward_func(texts, solutions)
@@ -94,10 +108,23 @@ def token_kl_to_reference(
     and, summed over a completion's tokens instead of averaged, its expectation is the KL between whole completions.
     Sampling uses its own seeded random stream.
     """
+    _, completion_mask, (log_p, log_q) = _completion_log_probs(
+        [model, reference], tokenizer, pairs, num_samples=num_samples, seed=seed, max_new_tokens=max_new_tokens
+    )
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+    mask = completion_mask.to(kl.dtype)
+    return float((kl * mask).sum() / mask.sum().clamp(min=1.0))
+
+
+def _completion_log_probs(models, tokenizer, pairs, *, num_samples: int, seed: int, max_new_tokens: int):
+    """`num_samples` completions per problem of `pairs` sampled from ``models[0]`` at temperature 1 ([`_sample`]),
+    and the log-probabilities over the vocabulary that each of `models` gives at each completion position. Returns
+    the completions' ids `(n, T)`, their mask `(n, T)` (the tokens up to and including the first end token) and one
+    `(n, T, V)` float tensor per model."""
     import torch
 
     inputs, output = _sample(
-        model, tokenizer, pairs, num_samples=num_samples, greedy=False, seed=seed, max_new_tokens=max_new_tokens
+        models[0], tokenizer, pairs, num_samples=num_samples, greedy=False, seed=seed, max_new_tokens=max_new_tokens
     )
     prompt_length = inputs["input_ids"].shape[1]
     completion = output[:, prompt_length:]
@@ -122,10 +149,52 @@ def token_kl_to_reference(
         return torch.log_softmax(logits[:, positions].float(), -1)
 
     with torch.no_grad():
-        log_p, log_q = log_probs(model), log_probs(reference)
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1)
-    mask = completion_mask.to(kl.dtype)
-    return float((kl * mask).sum() / mask.sum().clamp(min=1.0))
+        return completion, completion_mask, [log_probs(m) for m in models]
+
+
+#: Entropy (nats) from which a completion token counts as uncertain in [`completion_statistics`].
+UNCERTAIN_ENTROPY = 0.3
+
+
+def completion_statistics(
+    model,
+    tokenizer,
+    pairs,
+    reward_func,
+    *,
+    num_samples: int = 4,
+    seed: int = 0,
+    max_new_tokens: int = MAX_COMPLETION_LENGTH,
+    threshold: float = UNCERTAIN_ENTROPY,
+) -> dict:
+    """
+    How uncertain `model`'s own completions are, and what they score: on `num_samples` completions per problem of
+    `pairs` sampled at temperature 1 (the completions [`heldout_scores`] draws with the same `seed`), the entropy of
+    the model's next-token distribution (temperature 1, the whole vocabulary) at each completion token, up to and
+    including the end token.
+
+    Returns:
+        `uncertain_fraction` (the fraction of those tokens whose entropy is at least `threshold` nats),
+        `entropy_mean` (nats per token), `tokens_mean` (tokens per completion, the end token included),
+        `characters_mean` (characters of the decoded completion) and `reward_mean` (`reward_func`'s mean, i.e.
+        [`heldout_scores`]'s mean@`num_samples`).
+    """
+    completion, mask, (log_p,) = _completion_log_probs(
+        [model], tokenizer, pairs, num_samples=num_samples, seed=seed, max_new_tokens=max_new_tokens
+    )
+    entropy = -(log_p.exp() * log_p).sum(-1)[mask]
+    texts = tokenizer.batch_decode(completion, skip_special_tokens=True)
+    solutions = [problem_solution(p) for p in pairs for _ in range(num_samples)]
+    rewards = reward_func(texts, solutions)
+    return {
+        "uncertain_fraction": float((entropy >= threshold).float().mean()),
+        "entropy_mean": float(entropy.mean()),
+        "tokens_mean": float(mask.sum()) / len(texts),
+        "characters_mean": sum(map(len, texts)) / len(texts),
+        "reward_mean": sum(r or 0.0 for r in rewards) / len(rewards),
+        "threshold": threshold,
+        "num_completions": len(texts),
+    }
 
 
 def heldout_accuracy(model, tokenizer, pairs, *, num_samples: int = 4, greedy: bool = False, seed: int = 0) -> float:

@@ -192,13 +192,9 @@ def long_addition_reward(completions: list[str], solution: list[str], **kwargs) 
 
 def build_model(seed: int, size: str = "small"):
     """The task's character tokenizer and randomly initialised Qwen3 of `size` ([`MODEL_SIZES`])."""
-    from .models import build_char_tokenizer, build_tiny_qwen3
+    from .models import build_sized_model
 
-    if size not in MODEL_SIZES:
-        raise ValueError(f"`size` must be one of {sorted(MODEL_SIZES)}; got {size!r}.")
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_qwen3(tokenizer, seed=seed, **MODEL_SIZES[size])
-    return model, tokenizer
+    return build_sized_model(seed, MODEL_SIZES, size)
 
 
 def warm_start(
@@ -213,24 +209,16 @@ def warm_start(
     Returns:
         `(model, tokenizer, WarmStartReport)` (one round, no check accuracy).
     """
-    from trl import SFTTrainer
-
-    from .training import sft_config, use_terse_progress
-    from .warm_start import WarmStartReport
+    from .warm_start import supervised_warm_start
 
     model, tokenizer = build_model(seed, size)
-    if steps == 0:
-        model.save_pretrained(output_dir)
-        tokenizer.save_pretrained(output_dir)
-        return model, tokenizer, WarmStartReport(steps=0, rounds=0, check_accuracy=None)
-    trainer = SFTTrainer(
-        model=model,
-        args=sft_config(output_dir, steps=steps, seed=seed, max_length=MAX_LENGTH, device=device),
-        train_dataset=build_sft_dataset(splits.sft, seed),
-        processing_class=tokenizer,
+    return supervised_warm_start(
+        model,
+        tokenizer,
+        lambda: build_sft_dataset(splits.sft, seed),
+        output_dir,
+        steps=steps,
+        seed=seed,
+        max_length=MAX_LENGTH,
+        device=device,
     )
-    use_terse_progress(trainer)
-    trainer.train()
-    trainer.save_model(output_dir)
-    trainer.save_state()
-    return model, tokenizer, WarmStartReport(steps=steps, rounds=1, check_accuracy=None)

@@ -82,6 +82,15 @@ def build_tiny_qwen3(
     return model
 
 
+def build_sized_model(seed: int, sizes: dict[str, dict], size: str, alphabet: str = DEFAULT_ALPHABET):
+    """A task's character tokenizer over `alphabet` and its randomly initialised Qwen3 of `size`, one of `sizes` (size
+    name -> [`build_tiny_qwen3`]'s architecture arguments)."""
+    if size not in sizes:
+        raise ValueError(f"`size` must be one of {sorted(sizes)}; got {size!r}.")
+    tokenizer = build_char_tokenizer(alphabet)
+    return build_tiny_qwen3(tokenizer, seed=seed, **sizes[size]), tokenizer
+
+
 def save_tiny_model(path, tokenizer=None, **model_kwargs) -> str:
     """Build a tiny Qwen3 and its tokenizer and save both to `path` (a local model id for `from_pretrained`)."""
     tokenizer = tokenizer or build_char_tokenizer()

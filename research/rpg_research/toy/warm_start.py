@@ -94,6 +94,37 @@ def warm_start(
     return model, tokenizer, WarmStartReport(steps=total, rounds=round_index + 1, check_accuracy=accuracy)
 
 
+def supervised_warm_start(
+    model, tokenizer, make_dataset: Callable, output_dir: str, *, steps: int, seed: int, max_length: int, device: str
+):
+    """
+    Train `model` with [`~trl.SFTTrainer`] for `steps` steps on the prompt-completion dataset `make_dataset()` (the
+    preset of [`rpg_research.toy.training.sft_config`], sequences of at most `max_length` tokens) and save it with its
+    tokenizer and trainer state in `output_dir`; with `steps=0`, save the untrained model. The warm start of the tasks
+    without a readiness check (the long additions, the ring walk): the held-out score measured next is its result.
+
+    Returns:
+        `(model, tokenizer, WarmStartReport)` (one round, no check accuracy).
+    """
+    from trl import SFTTrainer
+
+    if steps == 0:
+        model.save_pretrained(output_dir)
+        tokenizer.save_pretrained(output_dir)
+        return model, tokenizer, WarmStartReport(steps=0, rounds=0, check_accuracy=None)
+    trainer = SFTTrainer(
+        model=model,
+        args=sft_config(output_dir, steps=steps, seed=seed, max_length=max_length, device=device),
+        train_dataset=make_dataset(),
+        processing_class=tokenizer,
+    )
+    use_terse_progress(trainer)
+    trainer.train()
+    trainer.save_model(output_dir)
+    trainer.save_state()
+    return model, tokenizer, WarmStartReport(steps=steps, rounds=1, check_accuracy=None)
+
+
 def cached_warm_start(
     splits: AdditionSplits,
     directory: str | Path,

@@ -167,7 +167,24 @@ LONG_PRESETS = {
 #: The presets of ``--task ring_walk`` (issue 63: walks of 64 letters, every token uncertain): the fourth protocol's,
 #: with the ring walk's warm start and its 100 held-out problems (of 234), on seeds of its own.
 RING_PRESETS = {
-    "full": {**LONG_PRESETS["full"], "sft_steps": 400, "eval_problems": 100, "final_seed_start": 5000},
+    # The fifth protocol (research/docs/bench_algos.md): its KL table, each arm at its own β.
+    "full": {
+        **LONG_PRESETS["full"],
+        "sft_steps": 400,
+        "eval_problems": 100,
+        "selection_seeds": [200, 201],
+        "final_seed_start": 5000,
+        "kl_arms": [
+            "no KL",
+            "GRPO (TRL, k3 uncorrected)",
+            "TRL k3 (corrected)",
+            "RPG-URKL, token, default",
+            "RPG-URKL, sequence, default",
+            "RPG-URKL, sequence, default, k3",
+        ],
+        "kl_betas": [0.01, 0.1, 1.0],
+        "kl_beta_selection": "per_arm",
+    },
     "quick": {**LONG_PRESETS["quick"], "sft_steps": 40, "final_seed_start": 5000},
 }
 #: The presets of each task (``--task``).

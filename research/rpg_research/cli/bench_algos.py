@@ -402,6 +402,7 @@ def algorithm_job(spec: dict, run_dir: str) -> dict:
         summary["positions"] = diagnostics.summary()
         if diagnostics.gradient_steps:
             summary["kl_gradient"] = diagnostics.gradient_summary()
+            summary["kl_gradient_steps"] = diagnostics.gradient_steps  # per step, in order
     return summary
 
 

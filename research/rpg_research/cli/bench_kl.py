@@ -162,6 +162,7 @@ def kl_job(spec: dict, run_dir: str) -> dict:
         summary["positions"] = diagnostics.summary()
         if diagnostics.gradient_steps:
             summary["kl_gradient"] = diagnostics.gradient_summary()
+            summary["kl_gradient_steps"] = diagnostics.gradient_steps  # per step, in order
     lengths = metric_series(history, "completions/mean_length")[1][-KL_REGIME:]
     kls = metric_series(history, "kl")[1][-KL_REGIME:]
     betas = metric_series(history, "beta")[1]

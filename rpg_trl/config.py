@@ -417,7 +417,10 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             `"token"`: each token's KL term is weighted by its own ratio (the paper's code, TRL and every peer).
             `"sequence"`: the exact gradient of the divergence between whole completions, with prefix ratios
             π_θ(y≤t)/π_old(y≤t) (outside the trust region, weighted as `kl_clip_mode` says); exact with
-            `loss_type="luspo"` (aggregation `"seq-mean-token-sum"`). See docs/design.md.
+            `loss_type="luspo"` (aggregation `"seq-mean-token-sum"`). See docs/design.md. At either level the trainer
+            logs whether the whole-completion weights collapse and how much of the gradient weight the KL term holds:
+            `kl/log_prefix_weight/{max,min,std}`, `kl/prefix_ess` and `kl/weight_share` (docs/trl_options.md,
+            "Metrics").
         kl_clip_mode (`str`, *optional*, defaults to `"truncated"`):
             How RPG-Style Clip treats the KL weight outside the trust region (the reward term is clipped in every
             mode): `"truncated"` (the ratio inside the KL weight capped at `clip_c`; over whole completions one factor

@@ -12,7 +12,17 @@ from trl.trainer.utils import get_config_model_id
 from .config import RPGConfig
 from .dynamic_sampling import DynamicSamplingMixin
 from .kl_control import AdaptiveKLCallback
-from .losses import TOKEN_MEAN_METRICS, aggregate_loss, nan_extreme, rpg_per_token_loss, summarize_stats
+from .losses import (
+    DIAGNOSTIC_METRICS,
+    TOKEN_MEAN_METRICS,
+    aggregate_loss,
+    combine_diagnostic_parts,
+    diagnostic_metrics,
+    diagnostic_parts,
+    nan_extreme,
+    rpg_per_token_loss,
+    summarize_stats,
+)
 from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
 from .reliability.kl_drift import KLDriftMonitorMixin
@@ -91,6 +101,9 @@ class RPGTrainer(
         self.ref_sync_callback = RefModelSyncCallback.install(self)
         #: The adaptive KL coefficient (`kl_target`), or None: it sets `rpg_beta` after each optimizer step.
         self.kl_control_callback = AdaptiveKLCallback.install(self)
+        #: The parts of the diagnostics ([`~rpg_trl.losses.DIAGNOSTIC_METRICS`]) of this process's micro-batches of
+        #: the current optimizer step so far ([`~rpg_trl.losses.diagnostic_parts`]), or None.
+        self._diagnostic_window = None
 
     @property
     def rpg_beta(self) -> float:
@@ -168,6 +181,8 @@ class RPGTrainer(
             # and the KL term are expectations under the samples, so TRL's truncated/masked π_old/π_vLLM ratio
             # reweights both. (GRPOTrainer reweights only its policy term, adding β·k3 afterwards.)
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+            for key in ("reward_gradient_weight", "kl_gradient_weight"):  # the weights the gradient gets
+                stats[key] = stats[key] * inputs["importance_sampling_ratio"]
 
         mode = "train" if self.model.training else "eval"
         loss_mask = mask.to(per_token_loss.dtype)
@@ -246,7 +261,13 @@ class RPGTrainer(
     def _log_rpg_metrics(self, mode, stats, fmask, entropies):
         """Log TRL-named metrics (`kl`, `entropy`, `clip_ratio/...`) and RPG's, reduced across processes (`fmask`: the
         float mask of the loss's tokens), and hand a training micro-batch's KL to the callbacks fed one: the reference
-        sync gets the token KL, the adaptive KL coefficient the KL that β weighs (`loss_spec.controlled_kl`)."""
+        sync gets the token KL, the adaptive KL coefficient the KL that β weighs (`loss_spec.controlled_kl`).
+
+        The diagnostics of the whole-completion weights and of the KL's share of the gradient
+        ([`~rpg_trl.losses.DIAGNOSTIC_METRICS`]) are exact over an optimizer step: their parts are combined over the
+        step's micro-batches ([`~rpg_trl.losses.combine_diagnostic_parts`]), gathered from the processes with the
+        importance-weight extremes at its last micro-batch, and logged once per step (once per micro-batch in
+        evaluation)."""
         local = summarize_stats(stats, fmask)
         count, sequences = local["num_tokens"], local["num_sequences"]
         # Each metric times its count (its sum over tokens or completions), and the counts: summed over processes.
@@ -272,8 +293,21 @@ class RPGTrainer(
         low = stats["is_low_clipped"].sum(-1) / lengths  # the clip regions hold no inactive token
         high = stats["is_high_clipped"].sum(-1) / lengths
         extremes = torch.stack([local["importance_weight/max"], local["importance_weight/min"]])
+        # The diagnostics' parts, combined over the optimizer step's micro-batches; gathered at its last one (the same
+        # micro-batch on every process), with the extremes.
+        parts = diagnostic_parts(stats, fmask).to(extremes.dtype)
+        flush = mode != "train" or self.accelerator.sync_gradients
+        if mode == "train":
+            if self._diagnostic_window is not None:
+                parts = combine_diagnostic_parts(torch.stack([self._diagnostic_window, parts]))
+            self._diagnostic_window = None if flush else parts
+        if flush:
+            extremes = torch.cat([extremes, parts])
         gathered_low, gathered_high = self.accelerator.gather(low), self.accelerator.gather(high)
-        extremes = self.accelerator.gather(extremes.reshape(1, 2))
+        extremes = self.accelerator.gather(extremes.reshape(1, -1))
+        diagnostics = []
+        if flush:
+            diagnostics = list(diagnostic_metrics(combine_diagnostic_parts(extremes[:, 2:])).values())
         # Every value is computed on the device and copied to the host at once: one synchronisation per micro-batch
         # (an `.item()` per metric, and TRL's `nanmin`/`nanmax` with their boolean indexing, wait for the device each).
         values = torch.cat(
@@ -286,12 +320,14 @@ class RPGTrainer(
                         nan_extreme(gathered_high, largest=True),
                         nan_extreme(extremes[:, 0], largest=True),
                         nan_extreme(extremes[:, 1], largest=False),
+                        *diagnostics,
                     ]
                 ).to(reduced.dtype),
             ]
         ).tolist()
         keys = (*token_means, "kl/sequence", "clip_ratio/low_min", "clip_ratio/high_max")
         keys += ("importance_weight/max", "importance_weight/min")
+        keys += DIAGNOSTIC_METRICS if flush else ()
         for key, value in zip(keys, values, strict=True):
             self._metrics[mode][key].append(value)
 

@@ -8,7 +8,7 @@ from trl import GRPOConfig
 
 from rpg_research.toy import build_char_tokenizer
 from rpg_trl import RPGConfig, RPGTrainer
-from rpg_trl.losses import DIVERGENCES, ESTIMATORS
+from rpg_trl.losses import DIAGNOSTIC_METRICS, DIVERGENCES, ESTIMATORS, rpg_loss
 
 from helpers.tiny_runs import (
     PROMPTS,
@@ -59,6 +59,14 @@ def test_sequence_level_kl_trains_and_logs_both_kl_estimates(tiny_model_dir, tmp
     assert len(sequence_kl) == 4 and all(math.isfinite(x) for x in sequence_kl)
     # After the first update the policy has left the reference; URKL's estimates are never negative.
     assert token_kl[-1] > 0 and sequence_kl[-1] > 0
+    # The diagnostics of the whole-completion weights and of the KL's share of the gradient, once per step.
+    for key in DIAGNOSTIC_METRICS:
+        values = logged(trainer, key)
+        assert len(values) == 4 and all(math.isfinite(x) for x in values), key
+    assert all(0 < x <= 1 + 1e-6 for x in logged(trainer, "kl/prefix_ess"))
+    shares = logged(trainer, "kl/weight_share")  # 0 at the first step, whose policy is the reference
+    assert all(0 <= x <= 1 for x in shares) and any(0 < x < 1 for x in shares)
+    assert logged(trainer, "kl/log_prefix_weight/max")[1] > logged(trainer, "kl/log_prefix_weight/min")[1]
 
 
 def test_sequence_kl_metric_is_the_sum_of_token_terms_on_policy(tiny_model_dir, tmp_path):
@@ -170,6 +178,34 @@ def test_gradient_accumulation_8x1_equals_1x8(tiny_model_dir, tmp_path, aggregat
     grad_small = torch.cat([p.grad.flatten() for p in small.model.parameters() if p.grad is not None])
     assert total == pytest.approx(loss_big.item(), rel=1e-6, abs=1e-9)
     assert torch.allclose(grad_small, grad_big, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kl_level", ["token", "sequence"])
+def test_diagnostics_are_exact_over_the_micro_batches_of_an_optimizer_step(tiny_model_dir, tmp_path, kl_level):
+    """The diagnostics of an optimizer step of 4 micro-batches are logged once, at its last micro-batch, and equal
+    those of `rpg_loss` on the whole batch (not a mean over the micro-batches)."""
+    trainer = make_trainer(tiny_model_dir, tmp_path, beta=0.1, kl_anchor="sampling", kl_level=kl_level)
+    inputs = fixed_inputs(trainer, spread=0.6)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 4
+    state = trainer.accelerator.gradient_state
+    try:
+        for i in range(4):
+            state._set_sync_gradients(i == 3)
+            micro = {k: (v[2 * i : 2 * i + 2] if k != "num_items_in_batch" else v) for k, v in inputs.items()}
+            trainer._compute_loss(trainer.model, micro)
+    finally:
+        state._set_sync_gradients(True)
+    metrics = trainer._metrics["train"]
+    assert len(metrics["kl"]) == 4 and all(len(metrics[key]) == 1 for key in DIAGNOSTIC_METRICS)
+    logps = policy_logps(
+        trainer, inputs["prompt_ids"], inputs["prompt_mask"], inputs["completion_ids"], inputs["completion_mask"]
+    )
+    _, whole = rpg_loss(
+        logps, inputs["old_per_token_logps"], inputs["advantages"], inputs["completion_mask"], trainer.loss_spec
+    )
+    for key in DIAGNOSTIC_METRICS:
+        assert metrics[key][0] == pytest.approx(float(whole[key]), rel=1e-4, abs=1e-6), key
 
 
 def test_lora_trains_adapter_and_leaves_base_untouched(tiny_model_dir, tmp_path):

@@ -10,9 +10,16 @@ import torch
 from trl import GRPOConfig, GRPOTrainer
 
 from rpg_research.cli.bench_tasks import bench_task
-from rpg_research.cli.position_diagnostics import PositionDiagnostics, summarize_positions
+from rpg_research.cli.position_diagnostics import (
+    GRADIENT_KEYS,
+    PositionDiagnostics,
+    format_gradients_table,
+    kl_gradient_diagnostics,
+    summarize_gradients,
+    summarize_positions,
+)
 from rpg_trl import RPGConfig, RPGTrainer
-from tests.helpers.tiny_runs import PROMPTS, count_sevens, tiny_run_args
+from tests.helpers.tiny_runs import PROMPTS, count_sevens, fixed_inputs, make_trainer, tiny_run_args
 
 
 def _batch():
@@ -110,7 +117,27 @@ def _train(trainer_class, config_class, tiny_model_dir, tmp_path, attach, **over
 def test_rpg_trainer_steps_match_its_logged_weights_and_keep_their_loss(tiny_model_dir, tmp_path):
     steps, diagnostics = _train(RPGTrainer, RPGConfig, tiny_model_dir, tmp_path / "a", True, kl_level="sequence")
     plain, _ = _train(RPGTrainer, RPGConfig, tiny_model_dir, tmp_path / "b", False, kl_level="sequence")
+    # The extra backward passes of the gradient diagnostics change neither the loss nor the updates.
     assert [entry["loss"] for entry in steps] == [entry["loss"] for entry in plain]
+    assert [entry["grad_norm"] for entry in steps] == [entry["grad_norm"] for entry in plain]
+    # One record per step (4 steps per generation batch: only the first follows a refresh of π_old), and the loss's
+    # diagnostics equal those the trainer logs.
+    gradient_steps = diagnostics.gradient_steps
+    assert [step["after_refresh"] for step in gradient_steps] == [True, False, False, False]
+    for key, metric in GRADIENT_KEYS.items():
+        if metric is not None:
+            assert [step[key] for step in gradient_steps] == pytest.approx([e[metric] for e in steps], rel=1e-5)
+    # On-policy, anchored to π_old, the KL term has no gradient: no cosine, a ratio of 0.
+    assert math.isnan(gradient_steps[0]["kl_grad_cosine"]) and gradient_steps[0]["kl_reward_grad_ratio"] == 0
+    later = gradient_steps[1:]
+    assert all(-1 <= step["kl_grad_cosine"] <= 1 and step["kl_reward_grad_ratio"] > 0 for step in later)
+    summary = diagnostics.gradient_summary()
+    assert summary["steps"] == 4 and summary["refreshes"] == 1
+    assert math.isnan(summary["kl_grad_cosine/after_refresh"])  # no finite value to average
+    assert summary["kl_grad_cosine/later"] == pytest.approx(sum(step["kl_grad_cosine"] for step in later) / 3)
+    assert summary["kl_reward_grad_ratio/later"] == pytest.approx(sum(s["kl_reward_grad_ratio"] for s in later) / 3)
+    rows = summarize_gradients([{"arm": "RPG", "kl_gradient": summary}, {"arm": "no KL"}], "arm")
+    assert [row["arm"] for row in rows] == ["RPG"] and "RPG" in format_gradients_table(rows, "arm", "caption")
     recorded = diagnostics.steps["all"]
     assert len(recorded["log_w_max"]) == 4
     logged_max = [entry["importance_weight/max"] for entry in steps]
@@ -137,3 +164,65 @@ def test_the_long_tasks_groups_are_its_rows():
         # Each row group is the row's characters and its line break (one token per character).
         assert text[start:stop] == line + "\n", name
     assert groups[-1][1:] == (4 * 24, MAX_COMPLETION_LENGTH) and text[groups[-1][1] :] == "Answer: 8545"
+
+
+def _direct_kl_sequence_weights(logps, old):
+    """K_t = Σ_{t'≥t} W≤t'·log w_t' (urkl between whole completions, anchored to π_old, unclipped), float64, row by
+    row (no code of rpg_trl.losses)."""
+    log_w = (logps - old).detach().double()
+    weights = torch.zeros_like(log_w)
+    for b in range(log_w.shape[0]):
+        prefix = torch.cumsum(log_w[b], 0)
+        for t in range(log_w.shape[1]):
+            weights[b, t] = sum(math.exp(prefix[s]) * log_w[b, s] for s in range(t, log_w.shape[1]))
+    return weights
+
+
+def test_kl_gradient_numbers_are_the_direct_computation(tiny_model_dir, tmp_path):
+    """The half-batch cosine and the gradient-norm ratio on a tiny model, against gradients computed from fresh
+    forward passes of each half with the closed-form weights: the KL term's β·K_t·∇log π_θ and the reward term's
+    w·A·∇log π_θ, summed per completion and averaged over the completions (loss_type="luspo")."""
+    beta = 0.3
+    trainer = make_trainer(tiny_model_dir, tmp_path, beta=beta, kl_level="sequence", loss_type="luspo", rpg_clip=False)
+    trainer.model.double()
+    inputs = fixed_inputs(trainer, spread=0.4)
+    inputs["completion_mask"][:, :] = 1  # full rows: the closed form needs no mask
+    inputs["old_per_token_logps"] = inputs["old_per_token_logps"].double()
+    inputs["advantages"] = inputs["advantages"].double()
+    parameters = [p for p in trainer.model.parameters() if p.requires_grad]
+
+    def logps_of(rows):
+        ids = torch.cat([inputs["prompt_ids"][rows], inputs["completion_ids"][rows]], dim=1)
+        mask = torch.cat([inputs["prompt_mask"][rows], inputs["completion_mask"][rows]], dim=1)
+        logps, _, _ = trainer._get_per_token_logps_and_entropies(
+            trainer.model, ids, mask, inputs["completion_ids"].size(1)
+        )
+        return logps
+
+    def flat(loss):
+        return torch.cat([g.flatten() for g in torch.autograd.grad(loss, parameters, allow_unused=False)])
+
+    def kl_gradient(rows):
+        logps = logps_of(rows)
+        weights = _direct_kl_sequence_weights(logps, inputs["old_per_token_logps"][rows])
+        return flat((beta * weights * logps).sum(-1).mean())
+
+    def reward_gradient(rows):
+        logps = logps_of(rows)
+        w = torch.exp(logps - inputs["old_per_token_logps"][rows])
+        return flat(-(w * inputs["advantages"][rows, None]).sum(-1).mean())
+
+    trainer.model.train()
+    first, second = kl_gradient(slice(0, 4)), kl_gradient(slice(4, 8))
+    expected_cosine = float(first @ second / (first.norm() * second.norm()))
+    expected_ratio = float(kl_gradient(slice(None)).norm() / reward_gradient(slice(None)).norm())
+
+    def aggregate(per_token_loss, fmask):
+        return trainer._aggregate(per_token_loss, fmask, inputs, "eval")[0]
+
+    numbers = kl_gradient_diagnostics(
+        trainer.model.parameters(), logps_of(slice(None)), inputs, trainer.loss_spec, aggregate
+    )
+    assert first.norm() > 0 and second.norm() > 0 and abs(expected_cosine) < 0.999  # not degenerate
+    assert numbers["kl_grad_cosine"] == pytest.approx(expected_cosine, rel=1e-9, abs=1e-12)
+    assert numbers["kl_reward_grad_ratio"] == pytest.approx(expected_ratio, rel=1e-9)

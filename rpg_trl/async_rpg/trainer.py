@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -255,11 +256,19 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
         local = summarize_stats(stats, mask)
         count = local["num_tokens"]
         totals = [local[key] * count for key in TOKEN_MEAN_METRICS] + [entropy.detach().float().sum(), count]
+        # `kl/weight_share` as a ratio of sums over the processes (the whole-completion diagnostics of RPGTrainer need
+        # completions, which the packed row does not delimit for `summarize_stats`: not logged here).
+        fmask = mask.to(stats["kl_gradient_weight"].dtype)
+        kl_abs = (stats["kl_gradient_weight"].abs() * fmask).sum().float()
+        totals += [kl_abs, kl_abs + (stats["reward_gradient_weight"].abs() * fmask).sum().float()]
         if sample_versions is not None:
             valid = sample_versions >= 0
             totals += [(sample_versions * valid).sum().float(), valid.sum().float()]
         totals = self.accelerator.reduce(torch.stack(totals), reduction="sum")
         global_count = totals[len(TOKEN_MEAN_METRICS) + 1].clamp(min=1.0)
+        kl_abs, all_abs = totals[len(TOKEN_MEAN_METRICS) + 2], totals[len(TOKEN_MEAN_METRICS) + 3]
+        weight_share = torch.where(all_abs > 0, kl_abs / all_abs.clamp(min=torch.finfo(all_abs.dtype).tiny), 0.0)
+        weight_share = torch.where(totals[len(TOKEN_MEAN_METRICS) + 1] > 0, weight_share, math.nan)
 
         # Per-completion extremes of the clip fractions (as AsyncGRPOTrainer) and of the importance weight.
         num_seq = int(segment_id.max()) + 1 if segment_id.numel() else 1
@@ -287,12 +296,13 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
                         nan_extreme(extremes[:, 1], largest=True),
                         nan_extreme(extremes[:, 2], largest=True),
                         nan_extreme(extremes[:, 3], largest=False),
+                        weight_share,
                     ]
                 ).to(totals.dtype),
             ]
         ).tolist()
         keys = (*TOKEN_MEAN_METRICS, "entropy", "clip_ratio/low_min", "clip_ratio/high_max")
-        keys += ("importance_weight/max", "importance_weight/min")
+        keys += ("importance_weight/max", "importance_weight/min", "kl/weight_share")
         for key, value in zip(keys, values, strict=True):
             metrics[key].append(value)
 

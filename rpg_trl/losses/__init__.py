@@ -107,11 +107,17 @@ from .spec import (
 )
 from .surrogate import (
     AGGREGATIONS,
+    DIAGNOSTIC_METRICS,
+    DIAGNOSTIC_PARTS,
     ESTIMATOR_FUNCTIONS,
     ESTIMATORS,
     TOKEN_MEAN_METRICS,
     aggregate_loss,
+    combine_diagnostic_parts,
+    diagnostic_metrics,
+    diagnostic_parts,
     differentiable_per_token_loss,
+    gradient_weight_parts,
     nan_extreme,
     reinforce_per_token_loss,
     summarize_stats,
@@ -125,6 +131,8 @@ __all__ = [
     "ControlledKL",
     "DEFAULT_KL_CLIP_MODE",
     "DEFAULT_KL_TO_GO",
+    "DIAGNOSTIC_METRICS",
+    "DIAGNOSTIC_PARTS",
     "DIVERGENCES",
     "ESTIMATORS",
     "ESTIMATOR_FUNCTIONS",
@@ -146,7 +154,11 @@ __all__ = [
     "aggregate_loss",
     "clamp_log_ratio",
     "clip_regions",
+    "combine_diagnostic_parts",
+    "diagnostic_metrics",
+    "diagnostic_parts",
     "differentiable_per_token_loss",
+    "gradient_weight_parts",
     "importance_ratios",
     "kl_can_flip_sign",
     "kl_sign_message",
@@ -187,7 +199,10 @@ def rpg_per_token_loss(
     input dtype. The stats dict holds detached tensors, each 0 (or False) on inactive tokens but the weight: (B, T)
     ``kl`` (the per-token divergence estimate ``S`` at the token-level ratios, see [`token_kl`]), the bool clip regions
     ``is_low_clipped``, ``is_high_clipped``, ``is_dual_clipped`` and their union ``is_clipped``, ``importance_weight``
-    (``w``, 1 on inactive tokens), and (B,) ``sequence_kl`` (the whole-completion estimate, [`sequence_kl`]).
+    (``w``, 1 on inactive tokens), ``reward_gradient_weight`` and ``kl_gradient_weight`` (the two parts ``w·A`` and
+    ``β·K̃`` of the gradient weight ``W = [w·A if the reward term is active] − β·K̃``, [`gradient_weight_parts`]), and
+    (B,) ``sequence_kl`` (the whole-completion estimate, [`sequence_kl`]) and ``log_prefix_weight`` (the
+    whole-completion log importance weight ``log W≤T = Σ_t (log π_θ − log π_old)``, unclamped).
 
     ``reward_mask`` ((B, T), optional) multiplies the reward term only: it is for credit-assignment filters such as
     TRL's top-entropy and off-policy masks, which choose the tokens whose reward signal counts, while the KL
@@ -205,7 +220,9 @@ def rpg_per_token_loss(
     regions = clip_regions(ratios.w, adv, spec.epsilon_low, spec.epsilon_high, spec.clip_c)
     if reward_mask is not None:
         reward_mask = reward_mask.to(dtype)
-    per_token_loss = ESTIMATOR_FUNCTIONS[spec.estimator](ratios, adv, regions, spec, reward_mask)
+    # The two parts of the per-token gradient weight, computed once: the estimator gets K̃, the stats both parts.
+    reward_weight, kl_weight = gradient_weight_parts(ratios, adv, regions, spec, reward_mask)
+    per_token_loss = ESTIMATOR_FUNCTIONS[spec.estimator](ratios, adv, regions, spec, reward_mask, kl_weight=kl_weight)
     stats = {
         "kl": token_kl(ratios, spec),
         "sequence_kl": sequence_kl(ratios, spec),
@@ -214,6 +231,9 @@ def rpg_per_token_loss(
         "is_dual_clipped": regions.dual,
         "is_clipped": regions.any,
         "importance_weight": ratios.w.detach(),
+        "log_prefix_weight": ratios.token_log_ratio.detach().sum(-1),
+        "reward_gradient_weight": reward_weight,
+        "kl_gradient_weight": kl_weight * spec.beta,
     }
     return per_token_loss, stats
 
@@ -293,7 +313,12 @@ def rpg_loss(
         ``kl/sequence`` with ``kl_level="sequence"``),
         ``clip_ratio/low_mean``, ``clip_ratio/high_mean``, ``clip_ratio/dual_mean``, ``clip_ratio/region_mean``
         (fractions of active tokens), ``importance_weight/mean``, ``importance_weight/max``, ``importance_weight/min``,
-        ``num_tokens`` and ``num_sequences`` (completions with at least one active token).
+        ``num_tokens`` and ``num_sequences`` (completions with at least one active token), and the diagnostics of
+        the whole-completion importance weights ``W≤T = π_θ(y)/π_old(y)`` and of the KL term's weight
+        ([`DIAGNOSTIC_METRICS`], at both KL levels): ``kl/log_prefix_weight/max``, ``kl/log_prefix_weight/min`` and
+        ``kl/log_prefix_weight/std`` (over the completions with an active token), ``kl/prefix_ess`` (their effective
+        sample size ``(Σ W)²/(n·Σ W²)`` as a fraction, in log space) and ``kl/weight_share`` (``Σ|β·K̃| / (Σ|w·A| +
+        Σ|β·K̃|)`` over the active tokens: the KL term's share of the gradient weight).
 
     Raises:
         ValueError: an invalid field of the specification (unknown ``divergence``/``estimator``/``aggregation``,

@@ -67,12 +67,37 @@ def _reward_term_differentiable(ratios: RatioTensors, advantages: torch.Tensor, 
     return w * -advantages
 
 
+def gradient_weight_parts(
+    ratios: RatioTensors,
+    advantages: torch.Tensor,
+    regions: ClipRegions,
+    spec: RPGLossSpec,
+    reward_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The two parts of the per-token gradient weight ``W = [w·A if the reward term is active] − β·K̃`` that both
+    estimators give (module docstring of [`rpg_trl.losses`]), detached, (B, T): ``(reward part, K̃)`` with the reward
+    part ``w·A`` (times `reward_mask`; 0 where RPG-Style Clip removes it) and ``K̃`` of [`kl_weights`] (unscaled by β).
+    [`rpg_per_token_loss`] computes them once, hands ``K̃`` to the estimator and keeps ``w·A`` and ``β·K̃`` in its stats
+    (the logged ``kl/weight_share``)."""
+    with torch.no_grad():
+        reward = ratios.w.detach() * advantages
+        if spec.clip:
+            reward = reward.masked_fill(regions.any, 0.0)
+        if reward_mask is not None:
+            reward = reward * reward_mask
+        zero = torch.zeros((), dtype=reward.dtype, device=reward.device)
+        reward = torch.where(ratios.active, reward, zero)
+        return reward, kl_weights(ratios, spec, regions)
+
+
 def differentiable_per_token_loss(
     ratios: RatioTensors,
     advantages: torch.Tensor,
     regions: ClipRegions,
     spec: RPGLossSpec,
     reward_mask: torch.Tensor | None = None,
+    *,
+    kl_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fully differentiable surrogate (Tables 1 and 4): ``−w·A + β·S`` per token, through ``w``, (B, T), 0 on inactive
     tokens.
@@ -84,6 +109,7 @@ def differentiable_per_token_loss(
     whole-completion divergence, whose clipped prefixes change the weights of the tokens before them too; there the
     gradient is always taken in that straight-through form, from the weights computed in log space
     ([`sequence_kl_weight`]), which equal autograd through ``Σ_t S_t`` wherever no prefix reaches the clamp.
+    `kl_weight`: ``K̃`` when already computed ([`gradient_weight_parts`]).
     """
     reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
     if reward_mask is not None:
@@ -96,7 +122,9 @@ def differentiable_per_token_loss(
         else:
             with torch.no_grad():
                 value = kl_values(ratios, spec)
-        kl = _ValueWithGradient.apply(value, kl_weights(ratios, spec, regions), ratios.kl_log_w)
+        if kl_weight is None:
+            kl_weight = kl_weights(ratios, spec, regions)
+        kl = _ValueWithGradient.apply(value, kl_weight, ratios.kl_log_w)
     else:
         kl = kl_values(ratios, spec)
     zero = torch.zeros((), dtype=reward_loss.dtype, device=reward_loss.device)
@@ -109,12 +137,15 @@ def reinforce_per_token_loss(
     regions: ClipRegions,
     spec: RPGLossSpec,
     reward_mask: torch.Tensor | None = None,
+    *,
+    kl_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """REINFORCE-style surrogate (Table 2, Appendix F, Eq. 4.1): ``−SG(W)·log w`` per token, (B, T), 0 on inactive
     tokens (where ``log w = 0``); its gradient with respect to ``log π_θ`` is ``−W``.
 
     ``W = [w·A if the reward term is active] − β·K̃`` with ``K̃`` from [`kl_weights`] (``kl_clip_mode``'s weight
     outside the trust region when the clip is on). The gradient flows through the unclamped token log-ratio.
+    `kl_weight`: ``K̃`` when already computed ([`gradient_weight_parts`]).
     """
     with torch.no_grad():
         negative_weight = ratios.w.detach() * -advantages  # −w·A
@@ -122,13 +153,15 @@ def reinforce_per_token_loss(
             negative_weight.masked_fill_(regions.any, 0.0)
         if reward_mask is not None:
             negative_weight.mul_(reward_mask)
-        negative_weight.add_(kl_weights(ratios, spec, regions), alpha=spec.beta)  # −W = −w·A + β·K
+        if kl_weight is None:
+            kl_weight = kl_weights(ratios, spec, regions)
+        negative_weight.add_(kl_weight, alpha=spec.beta)  # −W = −w·A + β·K
     return negative_weight * ratios.token_log_ratio
 
 
 #: The gradient estimators (Proposition 4.1: the same gradient), one signature:
-#: ``(ratios, advantages, regions, spec, reward_mask) -> per-token loss`` (B, T), 0 on inactive tokens;
-#: `reward_mask` multiplies the reward term only.
+#: ``(ratios, advantages, regions, spec, reward_mask, *, kl_weight=None) -> per-token loss`` (B, T), 0 on inactive
+#: tokens; `reward_mask` multiplies the reward term only, `kl_weight` is ``K̃`` when already computed.
 ESTIMATOR_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "reinforce": reinforce_per_token_loss,
     "differentiable": differentiable_per_token_loss,
@@ -203,7 +236,118 @@ def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[
         has_sequence = mask.sum(-1) > 0
         metrics["kl/sequence"] = (stats["sequence_kl"] * has_sequence).sum() / has_sequence.sum().clamp(min=1)
         metrics["num_sequences"] = has_sequence.sum().to(w.dtype)
+        metrics.update(diagnostic_metrics(diagnostic_parts(stats, mask)))
         return metrics
+
+
+#: The diagnostics of the whole-completion importance weights and of the KL term's share of the gradient, logged
+#: with [`rpg_loss`]'s other metrics at both KL levels (issue 63): with ``W = W≤T = π_θ(y)/π_old(y)`` (the product of
+#: a completion's token ratios, ``log W = Σ_t (log π_θ − log π_old)`` over its active tokens, unclamped) over the ``n``
+#: completions that have an active token,
+#:
+#: * ``kl/log_prefix_weight/max``, ``kl/log_prefix_weight/min``: the largest and the smallest ``log W``;
+#: * ``kl/log_prefix_weight/std``: the standard deviation of ``log W`` over the completions (population, ``ddof=0``);
+#: * ``kl/prefix_ess``: the effective sample size of the ``W`` as a fraction, ``(Σ W)² / (n·Σ W²)`` in ``[1/n, 1]``
+#:   (1 when every ``W`` is equal, e.g. on-policy), computed in log space, finite at any length;
+#: * ``kl/weight_share``: the KL term's share of the gradient weight, ``Σ_t |β·K̃_t| / (Σ_t |w·A|_t + Σ_t |β·K̃_t|)``
+#:   over the active tokens, with the per-token weight ``W_t = [w·A if the reward term is active] − β·K̃_t``
+#:   ([`gradient_weight_parts`]; the reward part is 0 where RPG-Style Clip or a reward mask removes it); the same
+#:   for both estimators, and with GRPO's uncorrected k3 its weight ``1 − π_ref/π_θ``.
+#:
+#: NaN when no completion (no token, for the share) is active; the share is 0 when no token has any gradient weight.
+DIAGNOSTIC_METRICS = (
+    "kl/log_prefix_weight/max",
+    "kl/log_prefix_weight/min",
+    "kl/log_prefix_weight/std",
+    "kl/prefix_ess",
+    "kl/weight_share",
+)
+
+
+#: The parts the diagnostics are computed from ([`diagnostic_parts`]), in order, and how each combines over
+#: micro-batches and processes ([`combine_diagnostic_parts`]): so that the diagnostics of a batch split in parts
+#: equal those of the whole batch. ``count``/``mean``/``m2``: the completions' count, the mean of their ``log W`` and
+#: the sum of its squared deviations from that mean (combined exactly, Chan et al.'s parallel variance); ``max``,
+#: ``min``: extremes; ``logsumexp``: ``log Σ W`` and ``log Σ W²``; ``sum``: sums.
+DIAGNOSTIC_PARTS = (
+    ("log_prefix_weight/count", "count"),
+    ("log_prefix_weight/mean", "mean"),
+    ("log_prefix_weight/m2", "m2"),
+    ("log_prefix_weight/max", "max"),
+    ("log_prefix_weight/min", "min"),
+    ("prefix_weight/log_sum", "logsumexp"),
+    ("prefix_weight/log_sum_sq", "logsumexp"),
+    ("kl_weight/abs_sum", "sum"),
+    ("reward_weight/abs_sum", "sum"),
+    ("num_tokens", "sum"),
+)
+
+
+def diagnostic_parts(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+    """The parts of [`DIAGNOSTIC_METRICS`] of one batch, a (len(DIAGNOSTIC_PARTS),) tensor in the order of
+    [`DIAGNOSTIC_PARTS`], from the stats of [`rpg_per_token_loss`] (``log_prefix_weight``, ``reward_gradient_weight``
+    and ``kl_gradient_weight``) and the mask they were computed with. Detached, computed on the device (no
+    synchronisation)."""
+    with torch.no_grad():
+        log_W = stats["log_prefix_weight"]
+        dtype = log_W.dtype
+        mask = mask.to(dtype)
+        has_sequence = mask.sum(-1) > 0
+        count = has_sequence.sum().to(dtype)
+        zero = torch.zeros((), dtype=dtype, device=log_W.device)
+        kept = torch.where(has_sequence, log_W, zero)
+        mean = kept.sum() / count.clamp(min=1.0)
+        m2 = torch.where(has_sequence, (log_W - mean).square(), zero).sum()
+        largest = torch.where(has_sequence, log_W, -math.inf).amax()
+        smallest = torch.where(has_sequence, log_W, math.inf).amin()
+        log_sum = torch.where(has_sequence, log_W, -math.inf).logsumexp(0)
+        log_sum_sq = torch.where(has_sequence, 2.0 * log_W, -math.inf).logsumexp(0)
+        kl_abs = (stats["kl_gradient_weight"].abs() * mask).sum().to(dtype)
+        reward_abs = (stats["reward_gradient_weight"].abs() * mask).sum().to(dtype)
+        return torch.stack([count, mean, m2, largest, smallest, log_sum, log_sum_sq, kl_abs, reward_abs, mask.sum()])
+
+
+def combine_diagnostic_parts(parts: torch.Tensor) -> torch.Tensor:
+    """The parts of the union of batches from theirs, (N, len(DIAGNOSTIC_PARTS)) -> (len(DIAGNOSTIC_PARTS),) (rows of
+    [`diagnostic_parts`], e.g. of the micro-batches of an optimizer step or gathered from the processes): exact, so
+    that [`diagnostic_metrics`] of the result equals that of the concatenated batch up to rounding."""
+    with torch.no_grad():
+        count, mean, m2 = parts[:, 0], parts[:, 1], parts[:, 2]
+        total = count.sum()
+        global_mean = (count * mean).sum() / total.clamp(min=1.0)
+        global_m2 = m2.sum() + (count * (mean - global_mean).square()).sum()
+        return torch.stack(
+            [
+                total,
+                global_mean,
+                global_m2,
+                parts[:, 3].amax(),
+                parts[:, 4].amin(),
+                parts[:, 5].logsumexp(0),
+                parts[:, 6].logsumexp(0),
+                *parts[:, 7:].sum(0).unbind(),
+            ]
+        )
+
+
+def diagnostic_metrics(parts: torch.Tensor) -> dict[str, torch.Tensor]:
+    """[`DIAGNOSTIC_METRICS`] from the parts of a batch ([`diagnostic_parts`], or [`combine_diagnostic_parts`] over
+    several), 0-d tensors."""
+    with torch.no_grad():
+        count, _, m2, largest, smallest, log_sum, log_sum_sq, kl_abs, reward_abs, num_tokens = parts.unbind()
+        has_sequence = count > 0
+        nan = torch.full_like(count, math.nan)
+        log_ess = 2.0 * log_sum - log_sum_sq - torch.log(count.clamp(min=1.0))
+        total = kl_abs + reward_abs
+        share = torch.where(total > 0, kl_abs / torch.where(total > 0, total, 1.0), 0.0)
+        values = (
+            torch.where(has_sequence, largest, nan),
+            torch.where(has_sequence, smallest, nan),
+            torch.where(has_sequence, (m2 / count.clamp(min=1.0)).clamp(min=0.0).sqrt(), nan),
+            torch.where(has_sequence, torch.exp(torch.where(has_sequence, log_ess, 0.0)), nan),
+            torch.where(num_tokens > 0, share, nan),
+        )
+        return dict(zip(DIAGNOSTIC_METRICS, values, strict=True))
 
 
 def nan_extreme(values: torch.Tensor, largest: bool) -> torch.Tensor:

@@ -224,8 +224,9 @@ class BenchAlgosArguments:
         default=False,
         metadata={
             "help": "Record the diagnostics by position along the completion (importance weights, clipped tokens, "
-            "the sequence level's truncation factor) in every run of the algorithms table; always on with "
-            "`task='long_addition'` and `task='ring_walk'`."
+            "the sequence level's truncation factor) in every run of the algorithms, KL and sweep tables, and for "
+            "RPG with β > 0 those of the KL term's gradient per step (half-batch cosine, KL/reward gradient-norm "
+            "ratio; four extra backward passes a step); always on with `task='long_addition'` and `task='ring_walk'`."
         },
     )
     tables: list[str] = field(default_factory=lambda: list(TABLES), metadata={"help": f"Tables to run: {TABLES}."})
@@ -439,6 +440,9 @@ def algorithm_job(spec: dict, run_dir: str) -> dict:
     summary = run_summary(trainer.state.log_history, accuracy.curve, seconds, spec["regime"])
     if diagnostics is not None:
         summary["positions"] = diagnostics.summary()
+        if diagnostics.gradient_steps:
+            summary["kl_gradient"] = diagnostics.gradient_summary()
+            summary["kl_gradient_steps"] = diagnostics.gradient_steps  # per step, in order
     return summary
 
 
@@ -701,6 +705,37 @@ def _can_plot() -> bool:
     return False
 
 
+def diagnostics_tables(runs: list[dict], group_key: str, what: str) -> tuple[list[str], dict]:
+    """The diagnostics tables of `runs` (those of one table, grouped by `group_key`; `what` names the table): by
+    position ([`rpg_research.cli.position_diagnostics.format_positions_table`]) and, where RPG arms with β > 0
+    recorded them, of the KL term's gradient per step (`format_gradients_table`). Returns the markdown tables and
+    their rows, ``{"positions": ..., "kl_gradient": ...}``."""
+    from .position_diagnostics import (
+        GRADIENTS_CAPTION,
+        format_gradients_table,
+        format_positions_table,
+        summarize_gradients,
+        summarize_positions,
+    )
+
+    tables = []
+    rows = {"positions": summarize_positions(runs, group_key), "kl_gradient": summarize_gradients(runs, group_key)}
+    if rows["positions"]:
+        tables.append(
+            format_positions_table(
+                rows["positions"],
+                group_key,
+                f"**Diagnostics by position, {what}** (final seeds; each number per training step over the group's "
+                "active tokens, then averaged over the steps and the seeds). log w = log π_θ − log π_old; clipped: "
+                "tokens in RPG-Style Clip's regions (RPG) or PPO's (the others); s_t = min(1, c/M_t): the sequence "
+                "level's truncation factor.",
+            )
+        )
+    if rows["kl_gradient"]:
+        tables.append(format_gradients_table(rows["kl_gradient"], group_key, f"{GRADIENTS_CAPTION[:-1]}; {what}."))
+    return tables, rows
+
+
 def run_bench(args: BenchAlgosArguments) -> dict:
     """Run the chosen tables of the protocol, then write ``table.md``, ``results.json`` and the figures."""
     import json
@@ -734,21 +769,12 @@ def run_bench(args: BenchAlgosArguments) -> dict:
             for regime in args.regimes:
                 markdown.append(format_algorithms_table(report["algorithms"]["table"][regime], regime, args))
             if args.diagnostics:
-                from .position_diagnostics import format_positions_table, summarize_positions
-
                 for regime in args.regimes:
-                    rows = summarize_positions([r for r in algorithms["runs"] if r["regime"] == regime], "algorithm")
-                    report["algorithms"].setdefault("positions", {})[regime] = rows
-                    markdown.append(
-                        format_positions_table(
-                            rows,
-                            "algorithm",
-                            f"**Diagnostics by position, {regime} steps per generation** (final seeds; each number "
-                            "per training step over the group's active tokens, then averaged over the steps and the "
-                            "seeds). log w = log π_θ − log π_old; clipped: tokens in RPG-Style Clip's regions (RPG) "
-                            "or PPO's (the others); s_t = min(1, c/M_t): the sequence level's truncation factor.",
-                        )
-                    )
+                    regime_runs = [r for r in algorithms["runs"] if r["regime"] == regime]
+                    tables, rows = diagnostics_tables(regime_runs, "algorithm", f"{regime} steps per generation")
+                    markdown += tables
+                    for name, value in rows.items():
+                        report["algorithms"].setdefault(name, {})[regime] = value
             if algorithms["selection"]:
                 markdown.append(
                     format_selection_table(algorithms["selection"], algorithms["chosen_learning_rates"], args)
@@ -763,6 +789,10 @@ def run_bench(args: BenchAlgosArguments) -> dict:
             markdown.append(format_kl_table(kl["table"], kl["chosen_beta"], args))
             markdown.append(format_kl_readings(args.kl_arms))
             markdown.append(format_kl_dynamics(kl["dynamics"], args))
+            if args.diagnostics:
+                tables, rows = diagnostics_tables(kl["runs"], "arm", "KL table")
+                markdown += tables
+                kl.update(rows)
             if _can_plot():
                 plot_kl(kl["runs"], str(output_dir / "bench_kl.png"), args)
         if "kl_sweep" in args.tables:
@@ -771,6 +801,14 @@ def run_bench(args: BenchAlgosArguments) -> dict:
             sweep = run_kl_sweep(args, sft_dirs, pool)
             report["kl_sweep"] = sweep
             markdown.append(format_kl_sweep(sweep["table"], args))
+            if args.diagnostics:
+                cells = [
+                    {**run, "cell": f"{run['arm']}, β {run['beta']:g}, lr {run['learning_rate']:g}"}
+                    for run in sweep["runs"]
+                ]
+                tables, rows = diagnostics_tables(cells, "cell", "KL robustness sweep")
+                markdown += tables
+                sweep.update(rows)
         warm = [json.loads((Path(d) / "warm_start.json").read_text()) for d in sft_dirs.values()]
         report["warm_starts"] = {seed: w["report"] for seed, w in zip(sft_dirs, warm)}
         report["seconds"] = time.perf_counter() - start

@@ -154,9 +154,19 @@ def kl_job(spec: dict, run_dir: str) -> dict:
         processing_class=tokenizer,
         callbacks=[scores],
     )
+    diagnostics = None
+    if spec.get("diagnostics"):
+        from .position_diagnostics import PositionDiagnostics
+
+        diagnostics = PositionDiagnostics(task.position_groups).attach(trainer)
     seconds = train_quietly(trainer)
     history = trainer.state.log_history
     summary = run_summary(history, scores.curve, seconds, KL_REGIME)
+    if diagnostics is not None:
+        summary["positions"] = diagnostics.summary()
+        if diagnostics.gradient_steps:
+            summary["kl_gradient"] = diagnostics.gradient_summary()
+            summary["kl_gradient_steps"] = diagnostics.gradient_steps  # per step, in order
     lengths = metric_series(history, "completions/mean_length")[1][-KL_REGIME:]
     kls = metric_series(history, "kl")[1][-KL_REGIME:]
     betas = metric_series(history, "beta")[1]
@@ -198,8 +208,17 @@ def _kl_jobs(args, sft_dirs, arms, betas, seeds, root: Path, learning_rates=None
         for learning_rate in learning_rates:
             for beta in [0.0] if ALL_KL_ARMS[arm].get("beta") == 0.0 else betas:
                 for seed in seeds:
+                    # With `--diagnostics` (always with the long task) the runs record them: part of the spec.
+                    diagnostics = {"diagnostics": True} if getattr(args, "diagnostics", False) else {}
                     spec = run_spec(
-                        args, sft_dirs, seed, config=config, arm=arm, beta=beta, learning_rate=learning_rate
+                        args,
+                        sft_dirs,
+                        seed,
+                        config=config,
+                        arm=arm,
+                        beta=beta,
+                        learning_rate=learning_rate,
+                        **diagnostics,
                     )
                     folder = root / _arm_folder(arm)
                     if len(learning_rates) > 1:

@@ -45,6 +45,11 @@ REDUCED_METRICS = (
     "reward",
     "reward_std",
     "num_tokens",
+    "kl/log_prefix_weight/max",
+    "kl/log_prefix_weight/min",
+    "kl/log_prefix_weight/std",
+    "kl/prefix_ess",
+    "kl/weight_share",
 )
 
 

@@ -23,7 +23,7 @@ def gpu_learn():
 
 def test_defaults_are_the_gpu_runs(gpu_learn):
     args = gpu_learn.parse_args(["train", "W", "R"])
-    assert args.modes == ["full", "lora"] and args.learning_rates == {"full": 6e-4, "lora": 6e-3}
+    assert args.modes == ["full", "lora"] and args.learning_rates == {"full": 6e-4, "lora": 1e-3}
     assert args.lora_rank == 16 and args.lora_learning_rates is None and args.seeds == [0, 1, 2]
     assert gpu_learn.lora_config() == gpu_learn.LORA == {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
     assert gpu_learn.lora_config(8) == {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}
@@ -34,7 +34,7 @@ def test_learning_rates_replace_the_named_modes_only(gpu_learn):
     assert args.learning_rates == {"full": 6e-4, "lora": 2e-3} and args.lora_rank == 32
     args = gpu_learn.parse_args(["train", "W", "R", "--learning-rates", "lora=2e-3,full=1e-4", "--modes", "lora"])
     assert args.learning_rates == {"full": 1e-4, "lora": 2e-3} and args.modes == ["lora"]
-    assert gpu_learn.LEARNING_RATES == {"full": 6e-4, "lora": 6e-3}  # the defaults untouched
+    assert gpu_learn.LEARNING_RATES == {"full": 6e-4, "lora": 1e-3}  # the defaults untouched
 
 
 def test_the_sweep_is_lora_only(gpu_learn):
@@ -124,8 +124,8 @@ def test_the_normal_call_keeps_its_folders_and_rates(gpu_learn, tmp_path):
     assert [(s["mode"], s["learning_rate"], s.get("lora_rank")) for s, _ in jobs[::3]] == [
         ("full", 6e-4, None),
         ("full", 6e-4, None),
-        ("lora", 6e-3, 16),
-        ("lora", 6e-3, 16),
+        ("lora", 1e-3, 16),
+        ("lora", 1e-3, 16),
     ]
     assert sorted(jobs[0][0]) == sorted(
         ["arm", "mode", "seed", "sft_dir", "sft_steps", "device", "steps", "learning_rate", "eval_every"]

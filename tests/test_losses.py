@@ -496,11 +496,14 @@ def test_shape_mismatch_raises():
     with_ref=st.booleans(),
     dtype=st.sampled_from([torch.float32, torch.bfloat16]),
     aggregation=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]),
+    k3_to_go=st.booleans(),
 )
 @pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")
 def test_property_finite_for_any_finite_input(
-    b, t, seed, scale, divergence, estimator, clip, kl_clip_mode, kl_level, with_ref, dtype, aggregation
+    b, t, seed, scale, divergence, estimator, clip, kl_clip_mode, kl_level, with_ref, dtype, aggregation, k3_to_go
 ):
+    # kl_to_go="k3" where it is defined (the reverse rows over whole completions), else the default.
+    kl_to_go = "k3" if k3_to_go and kl_level == "sequence" and divergence in ("rkl", "urkl") else "log_ratio"
     g = torch.Generator().manual_seed(seed)
     old = -torch.rand(b, t, generator=g) * 5
     logps = (old + (torch.rand(b, t, generator=g) * 2 - 1) * scale).to(dtype).requires_grad_(True)
@@ -518,6 +521,7 @@ def test_property_finite_for_any_finite_input(
         clip=clip,
         kl_clip_mode=kl_clip_mode,
         kl_level=kl_level,
+        kl_to_go=kl_to_go,
         beta=0.1,
         aggregation=aggregation,
     )

@@ -1,23 +1,16 @@
 """`research/gpu/bench_repeats.py`: the per-repeat figures research/docs/benchmarks.md cites, checked against values
 derived by hand and against transformers' own parameter count."""
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
-
-
-ROOT = Path(__file__).resolve().parents[2]
+from gpu_scripts import load_gpu_script
 
 
 @pytest.fixture(scope="module")
 def bench_repeats():
-    spec = importlib.util.spec_from_file_location("bench_repeats", ROOT / "research" / "gpu" / "bench_repeats.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_gpu_script("bench_repeats")
 
 
 def test_sign_test_of_12_slower_rounds_in_15(bench_repeats):

@@ -13,6 +13,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from gpu_scripts import load_gpu_script
 
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,12 +43,7 @@ def test_gpu_suite_dry_run_on_cpu(tmp_path):
 
 
 def _load_example(name):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(name, ROOT / "research" / "gpu" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_gpu_script(name)
 
 
 def _fake_wheel(folder: Path, name: str, version: str, *requires: str) -> Path:

@@ -6,19 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-
-
-ROOT = Path(__file__).resolve().parents[2]
+from gpu_scripts import load_gpu_script
 
 
 @pytest.fixture(scope="module")
 def gpu_learn():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_learn", ROOT / "research" / "gpu" / "gpu_learn.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_gpu_script("gpu_learn")
 
 
 def test_defaults_are_the_gpu_runs(gpu_learn):

@@ -194,13 +194,18 @@ def test_the_issues_nine_token_example_keeps_its_sign(dtype, estimator):
         assert got[0, 7] == pytest.approx(expected, rel=rtol), mode
 
 
+@pytest.mark.parametrize("kl_to_go", ["log_ratio", "k3"])
 @pytest.mark.parametrize("divergence", ["rkl", "urkl"])
-def test_the_truncated_kl_to_go_is_bounded_by_c_times_its_log_ratios(divergence):
-    # |s_t·K_t| ≤ c·Σ_{t'≥t} |log ρ_t'| (+ c for rkl's score term), however far the prefixes drift.
+def test_the_truncated_kl_to_go_is_bounded_by_c_times_its_log_ratios(divergence, kl_to_go):
+    # |s_t·K_t| ≤ c·Σ_{t'≥t} |log ρ_t'| (+ c for rkl's score term), however far the prefixes drift; with the k3 form
+    # c·(|log ρ_t| + Σ_{t'>t} k3(ρ_t')).
     lp, old, ref = drifting_completions(8192, True)
-    got = kl_weight(lp, old, ref, divergence, "truncated", "reinforce", torch.float64)
-    log_rho = np.abs((lp - old) - (ref - old))
-    bound = C * np.cumsum(log_rho[:, ::-1], -1)[:, ::-1] + (C if divergence == "rkl" else 0.0)
+    got = kl_weight(lp, old, ref, divergence, "truncated", "reinforce", torch.float64, kl_to_go=kl_to_go)
+    x = (lp - old) - (ref - old)
+    terms = np.abs(x) if kl_to_go == "log_ratio" else np.expm1(-x) + x
+    later = np.cumsum(terms[:, ::-1], -1)[:, ::-1]
+    to_go = later if kl_to_go == "log_ratio" else np.abs(x) + later - terms
+    bound = C * to_go + (C if divergence == "rkl" else 0.0)
     assert (np.abs(got) <= bound * (1 + 1e-9)).all()
     assert np.abs(got).max() > 1.0  # the bound is not met by weights that vanish
 

@@ -366,7 +366,7 @@ def _exact_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
 def _truncated_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     """``s_t·K_t``: the exact KL-to-go of each token scaled as a whole by one factor ``s_t = min(1, c / M_t)`` in
     ``(0, 1]`` ([`sequence_log_truncation`]), so each token's KL weight keeps the exact sign, is bounded by ``c`` times
-    the sum of its ``|log ρ|`` to go (urkl), and equals the exact weight wherever none of the prefix ratios it weighs
+    the sum of its ``|log ρ|`` to go (urkl; with ``kl_to_go="k3"``, ``c·(|log ρ_t| + Σ_{t'>t} k3(ρ_t'))``), and equals the exact weight wherever none of the prefix ratios it weighs
     exceeds ``c``. Computed in log space, so this holds at any completion length (the factor divides each part before
     it is exponentiated). (Truncating each prefix on its own, ``Σ_{t'≥t} min(W≤t', c)·log ρ_t'``, can flip the sign
     of the sum; docs/design.md.)"""

@@ -41,7 +41,9 @@ def _wait_for(path: Path, process: subprocess.Popen, timeout: float) -> list[int
 
 
 def _end(process: subprocess.Popen, pids) -> None:
-    """Cleanup whatever the test left (nothing, when it passes)."""
+    """Cleanup whatever the test left (nothing, when it passes). The process is reaped before its pipes are read to
+    their end: the guards of `.ci/run`'s sessions (which inherited its pipes) poll it with `kill -0`, which a zombie
+    passes, so reading first would wait for them forever."""
     for pid in [process.pid, *pids]:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -52,7 +54,8 @@ def _end(process: subprocess.Popen, pids) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
-    process.communicate()
+    process.wait()
+    process.communicate(timeout=30)
 
 
 @pytest.mark.slow
@@ -109,8 +112,14 @@ def _ci_with_stand_ins(tmp_path, ignores_sigterm=False):
     for path in bin_dir.iterdir():
         path.chmod(0o755)
     env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # bash cannot trap a signal that was ignored when it started (a test run under `nohup` ignores SIGHUP): the run
+    # starts with SIGHUP and SIGTERM at their default, as from a terminal, through an exec that keeps its pid.
+    start = (
+        "import os, signal; [signal.signal(s, signal.SIG_DFL) for s in (signal.SIGHUP, signal.SIGTERM)]; "
+        "os.execvp('bash', ['bash', '.ci/run'])"
+    )
     ci = sessions.popen(
-        ["bash", ".ci/run"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", start], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     pids = []
     try:

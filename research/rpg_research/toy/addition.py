@@ -42,17 +42,21 @@ class AdditionSplits:
     eval: list[tuple[int, int]]
 
 
+def shuffled_pools(problems: list, seed: int, num_eval: int, num_rl: int) -> tuple[list, list, list]:
+    """`problems` shuffled with `seed` (in place) and cut into ``(held-out, RL, supervised)`` pools: the first
+    `num_eval`, the next `num_rl`, the rest, which must not be empty."""
+    if num_eval + num_rl >= len(problems):
+        raise ValueError(
+            f"`num_eval + num_rl` must leave problems for the warm start (< {len(problems)}); got {num_eval} + {num_rl}."
+        )
+    random.Random(seed).shuffle(problems)
+    return problems[:num_eval], problems[num_eval : num_eval + num_rl], problems[num_eval + num_rl :]
+
+
 def make_splits(seed: int, num_eval: int = 400, num_rl: int = 1600) -> AdditionSplits:
     """Shuffle the 8100 two-digit problems with `seed` and split them into held-out, RL and supervised pools."""
-    pairs = [(a, b) for a in OPERAND_RANGE for b in OPERAND_RANGE]
-    if num_eval + num_rl >= len(pairs):
-        raise ValueError(
-            f"`num_eval + num_rl` must leave problems for the warm start (< {len(pairs)}); got {num_eval} + {num_rl}."
-        )
-    random.Random(seed).shuffle(pairs)
-    return AdditionSplits(
-        eval=pairs[:num_eval], rl=pairs[num_eval : num_eval + num_rl], sft=pairs[num_eval + num_rl :]
-    )
+    held_out, rl, sft = shuffled_pools([(a, b) for a in OPERAND_RANGE for b in OPERAND_RANGE], seed, num_eval, num_rl)
+    return AdditionSplits(eval=held_out, rl=rl, sft=sft)
 
 
 def prompt_of(a: int, b: int) -> str:

@@ -30,6 +30,8 @@ import string
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .addition import shuffled_pools
+
 # The task's model sizes are the long additions' (its "small" one trains on a CPU in minutes).
 from .long_addition import MODEL_SIZES
 
@@ -99,14 +101,8 @@ def make_splits(seed: int, num_eval: int = NUM_EVAL, num_rl: int = NUM_RL) -> Ri
     for name, value in (("num_eval", num_eval), ("num_rl", num_rl)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"`{name}` must be an integer >= 1; got {value!r}.")
-    if num_eval + num_rl >= len(problems):
-        raise ValueError(
-            f"`num_eval + num_rl` must leave problems for the warm start (< {len(problems)}); got {num_eval} + {num_rl}."
-        )
-    random.Random(seed).shuffle(problems)
-    return RingWalkSplits(
-        eval=problems[:num_eval], rl=problems[num_eval : num_eval + num_rl], sft=problems[num_eval + num_rl :]
-    )
+    held_out, rl, sft = shuffled_pools(problems, seed, num_eval, num_rl)
+    return RingWalkSplits(eval=held_out, rl=rl, sft=sft)
 
 
 def noisy_walk(

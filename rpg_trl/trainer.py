@@ -14,14 +14,15 @@ from .dynamic_sampling import DynamicSamplingMixin
 from .kl_control import AdaptiveKLCallback
 from .losses import (
     DIAGNOSTIC_METRICS,
+    SEQUENCE_SUM_ROWS,
     TOKEN_MEAN_METRICS,
     aggregate_loss,
     combine_diagnostic_parts,
     diagnostic_metrics,
-    diagnostic_parts,
+    diagnostic_parts_from_sums,
     nan_extreme,
     rpg_per_token_loss,
-    summarize_stats,
+    sequence_sums,
 )
 from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
@@ -268,34 +269,41 @@ class RPGTrainer(
         step's micro-batches ([`~rpg_trl.losses.combine_diagnostic_parts`]), gathered from the processes with the
         importance-weight extremes at its last micro-batch, and logged once per step (once per micro-batch in
         evaluation)."""
-        local = summarize_stats(stats, fmask)
-        count, sequences = local["num_tokens"], local["num_sequences"]
-        # Each metric times its count (its sum over tokens or completions), and the counts: summed over processes.
-        sums = {key: local[key] * count for key in TOKEN_MEAN_METRICS}
-        sums["entropy"] = (entropies.detach().to(fmask.dtype) * fmask).sum()
-        sums["kl/sequence"] = local["kl/sequence"] * sequences
-        sums["num_sequences"], sums["num_tokens"] = sequences, count
-        reduced = self.accelerator.reduce(torch.stack(list(sums.values())), reduction="sum")
-        totals = dict(zip(sums, reduced.unbind(), strict=True))
+        # Per completion, every sum the metrics need, in one reduction: the token means' stats, the entropy, the two
+        # parts of the gradient weight in absolute value, the token count (the loss's metrics are a few hundred tiny
+        # kernels on a GPU, each launched alone: stacked, not one op per metric).
+        per_sequence, weight_extremes = sequence_sums(stats, fmask, extra=(entropies,))
+        token_means = (*TOKEN_MEAN_METRICS, "entropy")
+        totals = per_sequence.sum(-1)
+        lengths = per_sequence[-1]
+        has_sequence = lengths > 0
+        sequences = has_sequence.sum().to(totals.dtype)
+        sequence_kl = (stats["sequence_kl"] * has_sequence).sum().to(totals.dtype)
+        # The sums over tokens and completions, and their counts: summed over processes.
+        reduced = self.accelerator.reduce(
+            torch.cat([totals[: len(token_means)], torch.stack([sequence_kl, sequences, totals[-1]])]), reduction="sum"
+        )
+        reduced_totals = dict(zip((*token_means, "kl/sequence", "num_sequences", "num_tokens"), reduced.unbind()))
         if mode == "train":
             if self.ref_sync_callback is not None:
-                self.ref_sync_callback.observe_kl(totals["kl"], totals["num_tokens"])
+                self.ref_sync_callback.observe_kl(reduced_totals["kl"], reduced_totals["num_tokens"])
             if self.kl_control_callback is not None:
                 controlled = self.loss_spec.controlled_kl
-                self.kl_control_callback.observe_kl(totals[controlled.metric], totals[controlled.count])
+                self.kl_control_callback.observe_kl(
+                    reduced_totals[controlled.metric], reduced_totals[controlled.count]
+                )
         # The means over all processes: per token, and `kl/sequence` per completion.
-        token_means = (*TOKEN_MEAN_METRICS, "entropy")
-        means = torch.stack([totals[key] for key in token_means]) / totals["num_tokens"].clamp(min=1.0)
-        sequence_mean = (totals["kl/sequence"] / totals["num_sequences"].clamp(min=1.0)).reshape(1)
+        means = reduced[: len(token_means)] / reduced_totals["num_tokens"].clamp(min=1.0)
+        sequence_mean = (reduced_totals["kl/sequence"] / reduced_totals["num_sequences"].clamp(min=1.0)).reshape(1)
         # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
-        # the largest of high-clipped tokens over the batch (NaN-free over empty sequences).
-        lengths = fmask.sum(-1)
-        low = stats["is_low_clipped"].sum(-1) / lengths  # the clip regions hold no inactive token
-        high = stats["is_high_clipped"].sum(-1) / lengths
-        extremes = torch.stack([local["importance_weight/max"], local["importance_weight/min"]])
+        # the largest of high-clipped tokens over the batch (NaN-free over empty sequences). Each smallest is taken
+        # as the largest of its negation, so that one reduction gives both (negated back on the host).
+        low, high = SEQUENCE_SUM_ROWS.index("is_low_clipped"), SEQUENCE_SUM_ROWS.index("is_high_clipped")
+        fractions = torch.stack([-per_sequence[low], per_sequence[high]], dim=-1) / lengths[:, None]
+        extremes = torch.stack([weight_extremes[0], -weight_extremes[1]])
+        parts = diagnostic_parts_from_sums(stats["log_prefix_weight"], has_sequence, totals[-3:]).to(extremes.dtype)
         # The diagnostics' parts, combined over the optimizer step's micro-batches; gathered at its last one (the same
         # micro-batch on every process), with the extremes.
-        parts = diagnostic_parts(stats, fmask).to(extremes.dtype)
         flush = mode != "train" or self.accelerator.sync_gradients
         if mode == "train":
             if self._diagnostic_window is not None:
@@ -303,28 +311,24 @@ class RPGTrainer(
             self._diagnostic_window = None if flush else parts
         if flush:
             extremes = torch.cat([extremes, parts])
-        gathered_low, gathered_high = self.accelerator.gather(low), self.accelerator.gather(high)
+        fractions = self.accelerator.gather(fractions)
         extremes = self.accelerator.gather(extremes.reshape(1, -1))
         diagnostics = []
         if flush:
-            diagnostics = list(diagnostic_metrics(combine_diagnostic_parts(extremes[:, 2:])).values())
+            diagnostics = [torch.stack(list(diagnostic_metrics(combine_diagnostic_parts(extremes[:, 2:])).values()))]
         # Every value is computed on the device and copied to the host at once: one synchronisation per micro-batch
         # (an `.item()` per metric, and TRL's `nanmin`/`nanmax` with their boolean indexing, wait for the device each).
         values = torch.cat(
             [
                 means,
                 sequence_mean,
-                torch.stack(
-                    [
-                        nan_extreme(gathered_low, largest=False),
-                        nan_extreme(gathered_high, largest=True),
-                        nan_extreme(extremes[:, 0], largest=True),
-                        nan_extreme(extremes[:, 1], largest=False),
-                        *diagnostics,
-                    ]
-                ).to(reduced.dtype),
+                nan_extreme(fractions, largest=True, dim=0).to(reduced.dtype),
+                nan_extreme(extremes[:, :2], largest=True, dim=0).to(reduced.dtype),
+                *(d.to(reduced.dtype) for d in diagnostics),
             ]
         ).tolist()
+        low_clip, weight_min = len(token_means) + 1, len(token_means) + 4  # the negated smallest, back to their sign
+        values[low_clip], values[weight_min] = -values[low_clip], -values[weight_min]
         keys = (*token_means, "kl/sequence", "clip_ratio/low_min", "clip_ratio/high_max")
         keys += ("importance_weight/max", "importance_weight/min")
         keys += DIAGNOSTIC_METRICS if flush else ()

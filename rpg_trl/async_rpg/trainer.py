@@ -253,7 +253,7 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
     def _log_rpg_metrics(self, stats, mask, entropy, segment_id, sample_versions) -> None:
         """RPG's metrics (those of `RPGTrainer`) and the policy-version lag, reduced over processes."""
         metrics = self._metrics["train"]
-        local = summarize_stats(stats, mask)
+        local = summarize_stats(stats, mask, diagnostics=False)
         count = local["num_tokens"]
         totals = [local[key] * count for key in TOKEN_MEAN_METRICS] + [entropy.detach().float().sum(), count]
         # `kl/weight_share` as a ratio of sums over the processes (the whole-completion diagnostics of RPGTrainer need

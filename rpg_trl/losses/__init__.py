@@ -111,15 +111,18 @@ from .surrogate import (
     DIAGNOSTIC_PARTS,
     ESTIMATOR_FUNCTIONS,
     ESTIMATORS,
+    SEQUENCE_SUM_ROWS,
     TOKEN_MEAN_METRICS,
     aggregate_loss,
     combine_diagnostic_parts,
     diagnostic_metrics,
     diagnostic_parts,
+    diagnostic_parts_from_sums,
     differentiable_per_token_loss,
     gradient_weight_parts,
     nan_extreme,
     reinforce_per_token_loss,
+    sequence_sums,
     summarize_stats,
 )
 
@@ -150,6 +153,7 @@ __all__ = [
     "Prefixes",
     "RPGLossSpec",
     "RatioTensors",
+    "SEQUENCE_SUM_ROWS",
     "TOKEN_MEAN_METRICS",
     "aggregate_loss",
     "clamp_log_ratio",
@@ -157,6 +161,7 @@ __all__ = [
     "combine_diagnostic_parts",
     "diagnostic_metrics",
     "diagnostic_parts",
+    "diagnostic_parts_from_sums",
     "differentiable_per_token_loss",
     "gradient_weight_parts",
     "importance_ratios",
@@ -174,6 +179,7 @@ __all__ = [
     "sequence_kl_weight",
     "sequence_log_parts",
     "sequence_log_truncation",
+    "sequence_sums",
     "summarize_stats",
     "token_kl",
     "uncorrected_k3",
@@ -222,7 +228,9 @@ def rpg_per_token_loss(
         reward_mask = reward_mask.to(dtype)
     # The two parts of the per-token gradient weight, computed once: the estimator gets K̃, the stats both parts.
     reward_weight, kl_weight = gradient_weight_parts(ratios, adv, regions, spec, reward_mask)
-    per_token_loss = ESTIMATOR_FUNCTIONS[spec.estimator](ratios, adv, regions, spec, reward_mask, kl_weight=kl_weight)
+    per_token_loss = ESTIMATOR_FUNCTIONS[spec.estimator](
+        ratios, adv, regions, spec, reward_mask, kl_weight=kl_weight, reward_weight=reward_weight
+    )
     stats = {
         "kl": token_kl(ratios, spec),
         "sequence_kl": sequence_kl(ratios, spec),

@@ -24,15 +24,27 @@ LOG_RATIO_CLAMP = 20.0
 LOG_WEIGHT_CLAMP = 40.0
 
 
+class _StraightThroughClamp(torch.autograd.Function):
+    """The clamp to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` in the forward pass, the identity in the backward pass: one
+    kernel (the form ``x + SG(clamp(x) − x)`` takes three, and rounds the clamped values)."""
+
+    @staticmethod
+    def forward(ctx, log_ratio):
+        return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
 def clamp_log_ratio(log_ratio: torch.Tensor) -> torch.Tensor:
     """``log_ratio`` clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` in value, with the gradient of the identity
     (straight-through): the clamp guards ``exp`` against overflow without taking the gradient off the tokens beyond it,
     so the differentiable estimator gives every token the gradient that the REINFORCE estimator gives it (the weight at
     the clamped ratio times ``∇log π_θ``)."""
-    clamped = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if not log_ratio.requires_grad:
-        return clamped
-    return log_ratio + (clamped - log_ratio).detach()
+        return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return _StraightThroughClamp.apply(log_ratio)
 
 
 @dataclass(frozen=True)
@@ -117,22 +129,23 @@ def importance_ratios(
     sequence's ratio decides (docs/trl_options.md). Proposition 4.1 holds for token-level weights only.
     """
     dtype = torch.promote_types(logps.dtype, torch.float32)
-    zero = torch.zeros((), dtype=dtype, device=logps.device)
-    token_log_ratio = torch.where(active, logps.to(dtype) - old_logps.to(dtype).detach(), zero)
+    # Python zeros in `where` (wrapped scalars, no fill kernel on the device).
+    token_log_ratio = torch.where(active, logps.to(dtype) - old_logps.to(dtype).detach(), 0.0)
     if ref_logps is None:
-        token_log_r = exact_log_r = zero  # π_ref = π_old: r = 1 everywhere (a scalar that broadcasts)
+        # π_ref = π_old: r = 1 everywhere (a scalar that broadcasts)
+        token_log_r = exact_log_r = torch.zeros((), dtype=dtype, device=logps.device)
     else:
-        exact_log_r = torch.where(active, ref_logps.to(dtype).detach() - old_logps.to(dtype).detach(), zero)
+        exact_log_r = torch.where(active, ref_logps.to(dtype).detach() - old_logps.to(dtype).detach(), 0.0)
         token_log_r = exact_log_r.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     token_r = torch.exp(token_log_r)
     if importance_sampling_level == "sequence":
         mask = active.to(dtype)
         lengths = mask.sum(-1, keepdim=True).clamp(min=1.0)
-        log_w = torch.where(active, (token_log_ratio * mask).sum(-1, keepdim=True) / lengths, zero)
+        log_w = torch.where(active, (token_log_ratio * mask).sum(-1, keepdim=True) / lengths, 0.0)
         log_w = clamp_log_ratio(log_w)
         log_r, r = token_log_r, token_r
         if ref_logps is not None:
-            log_r = torch.where(active, (token_log_r * mask).sum(-1, keepdim=True) / lengths, zero)
+            log_r = torch.where(active, (token_log_r * mask).sum(-1, keepdim=True) / lengths, 0.0)
             r = torch.exp(log_r)
         w = torch.exp(log_w)
         kl_log_w = clamp_log_ratio(token_log_ratio)

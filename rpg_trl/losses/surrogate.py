@@ -85,8 +85,7 @@ def gradient_weight_parts(
             reward = reward.masked_fill(regions.any, 0.0)
         if reward_mask is not None:
             reward = reward * reward_mask
-        zero = torch.zeros((), dtype=reward.dtype, device=reward.device)
-        reward = torch.where(ratios.active, reward, zero)
+        reward = torch.where(ratios.active, reward, 0.0)
         return reward, kl_weights(ratios, spec, regions)
 
 
@@ -98,6 +97,7 @@ def differentiable_per_token_loss(
     reward_mask: torch.Tensor | None = None,
     *,
     kl_weight: torch.Tensor | None = None,
+    reward_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fully differentiable surrogate (Tables 1 and 4): ``−w·A + β·S`` per token, through ``w``, (B, T), 0 on inactive
     tokens.
@@ -109,7 +109,8 @@ def differentiable_per_token_loss(
     whole-completion divergence, whose clipped prefixes change the weights of the tokens before them too; there the
     gradient is always taken in that straight-through form, from the weights computed in log space
     ([`sequence_kl_weight`]), which equal autograd through ``Σ_t S_t`` wherever no prefix reaches the clamp.
-    `kl_weight`: ``K̃`` when already computed ([`gradient_weight_parts`]).
+    `kl_weight`: ``K̃`` when already computed ([`gradient_weight_parts`]); `reward_weight` is not used (the reward
+    term's gradient flows through ``w``).
     """
     reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
     if reward_mask is not None:
@@ -139,14 +140,20 @@ def reinforce_per_token_loss(
     reward_mask: torch.Tensor | None = None,
     *,
     kl_weight: torch.Tensor | None = None,
+    reward_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """REINFORCE-style surrogate (Table 2, Appendix F, Eq. 4.1): ``−SG(W)·log w`` per token, (B, T), 0 on inactive
     tokens (where ``log w = 0``); its gradient with respect to ``log π_θ`` is ``−W``.
 
     ``W = [w·A if the reward term is active] − β·K̃`` with ``K̃`` from [`kl_weights`] (``kl_clip_mode``'s weight
     outside the trust region when the clip is on). The gradient flows through the unclamped token log-ratio.
-    `kl_weight`: ``K̃`` when already computed ([`gradient_weight_parts`]).
+    `kl_weight` and `reward_weight`: ``K̃`` and the reward part when already computed ([`gradient_weight_parts`],
+    with the same `reward_mask`).
     """
+    if kl_weight is not None and reward_weight is not None:
+        with torch.no_grad():
+            negative_weight = torch.add(reward_weight.neg(), kl_weight, alpha=spec.beta)  # −W = −w·A + β·K
+        return negative_weight * ratios.token_log_ratio
     with torch.no_grad():
         negative_weight = ratios.w.detach() * -advantages  # −w·A
         if spec.clip:
@@ -160,8 +167,9 @@ def reinforce_per_token_loss(
 
 
 #: The gradient estimators (Proposition 4.1: the same gradient), one signature:
-#: ``(ratios, advantages, regions, spec, reward_mask, *, kl_weight=None) -> per-token loss`` (B, T), 0 on inactive
-#: tokens; `reward_mask` multiplies the reward term only, `kl_weight` is ``K̃`` when already computed.
+#: ``(ratios, advantages, regions, spec, reward_mask, *, kl_weight=None, reward_weight=None) -> per-token loss`` (B, T),
+#: 0 on inactive tokens; `reward_mask` multiplies the reward term only, `kl_weight` and `reward_weight` are ``K̃`` and
+#: the reward part of the gradient weight when already computed ([`gradient_weight_parts`]).
 ESTIMATOR_FUNCTIONS: dict[str, Callable[..., torch.Tensor]] = {
     "reinforce": reinforce_per_token_loss,
     "differentiable": differentiable_per_token_loss,
@@ -214,29 +222,59 @@ TOKEN_MEAN_METRICS = (
 )
 
 
-def summarize_stats(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Reduce the per-token stats of [`rpg_per_token_loss`] to the detached scalar metrics of [`rpg_loss`]; `mask` is
-    the mask they were computed with (the per-token stats are 0 outside it, so only the weight needs it)."""
+#: The rows of [`sequence_sums`] before its `extra` ones: the per-token stats of [`rpg_per_token_loss`] behind
+#: [`TOKEN_MEAN_METRICS`], in that order; after the `extra` rows come the two parts of the gradient weight in absolute
+#: value (``reward_gradient_weight``, ``kl_gradient_weight``) and the active tokens' count.
+SEQUENCE_SUM_ROWS = ("kl", "is_low_clipped", "is_high_clipped", "is_dual_clipped", "is_clipped", "importance_weight")
+
+
+def sequence_sums(
+    stats: dict[str, torch.Tensor], mask: torch.Tensor, extra: tuple[torch.Tensor, ...] = ()
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per completion, the sums over its active tokens (weighted by `mask`) of the stats of [`SEQUENCE_SUM_ROWS`], of
+    each (B, T) tensor of `extra`, of ``|reward_gradient_weight|`` and ``|kl_gradient_weight|``, and of the mask (the
+    count): a (len(SEQUENCE_SUM_ROWS) + len(extra) + 3, B) tensor; and the importance weight's largest and smallest
+    over the active tokens, (2,), NaN when no token is active. Detached, on the device, in one reduction: a
+    micro-batch's metrics in a few kernels, not one or more per metric (on a GPU they are launch-bound)."""
     with torch.no_grad():
         w = stats["importance_weight"]
-        mask = mask.to(w.dtype)
-        num_tokens = mask.sum()
-        weighted = w * mask
-        per_token = (stats["kl"], stats["is_low_clipped"], stats["is_high_clipped"], stats["is_dual_clipped"])
-        sums = [x.sum().to(w.dtype) for x in (*per_token, stats["is_clipped"])] + [weighted.sum()]
-        metrics = dict(zip(TOKEN_MEAN_METRICS, (torch.stack(sums) / num_tokens.clamp(min=1.0)).unbind()))
-        # Masked extremes without boolean indexing (which copies and synchronises); NaN when no token is active. The
-        # largest: w > 0 on active tokens and w·mask = 0 elsewhere.
-        w_min = torch.where(mask > 0, w, math.inf).amin()
-        has_tokens = num_tokens > 0
-        metrics["importance_weight/max"] = torch.where(has_tokens, weighted.amax(), math.nan)
-        metrics["importance_weight/min"] = torch.where(has_tokens, w_min, math.nan)
+        dtype = w.dtype
+        mask = mask.to(dtype)
+        rows = [stats[key] for key in SEQUENCE_SUM_ROWS] + [x.detach() for x in extra]
+        rows += [stats["reward_gradient_weight"].abs(), stats["kl_gradient_weight"].abs(), mask.new_ones(())]
+        masked = torch.stack(torch.broadcast_tensors(*rows)).to(dtype) * mask
+        sums = masked.sum(-1)
+        # Extremes without boolean indexing (which copies and synchronises); the largest: w > 0 on active tokens and
+        # w·mask = 0 elsewhere.
+        largest = masked[SEQUENCE_SUM_ROWS.index("importance_weight")].amax()
+        smallest = torch.where(mask > 0, w, math.inf).amin()
+        extremes = torch.where(sums[-1].sum() > 0, torch.stack([largest, smallest]), math.nan)
+        return sums, extremes
+
+
+def summarize_stats(
+    stats: dict[str, torch.Tensor], mask: torch.Tensor, diagnostics: bool = True
+) -> dict[str, torch.Tensor]:
+    """Reduce the per-token stats of [`rpg_per_token_loss`] to the detached scalar metrics of [`rpg_loss`]; `mask` is
+    the mask they were computed with (the per-token stats are 0 outside it, so only the weight needs it).
+    `diagnostics=False` leaves out [`DIAGNOSTIC_METRICS`]."""
+    with torch.no_grad():
+        sums, extremes = sequence_sums(stats, mask)
+        totals = sums.sum(-1)
+        num_tokens = totals[-1]
+        metrics = dict(
+            zip(TOKEN_MEAN_METRICS, (totals[: len(TOKEN_MEAN_METRICS)] / num_tokens.clamp(min=1.0)).unbind())
+        )
+        metrics["importance_weight/max"], metrics["importance_weight/min"] = extremes.unbind()
         metrics["num_tokens"] = num_tokens
         # Mean over the completions that have tokens of the whole-completion divergence estimate.
-        has_sequence = mask.sum(-1) > 0
-        metrics["kl/sequence"] = (stats["sequence_kl"] * has_sequence).sum() / has_sequence.sum().clamp(min=1)
-        metrics["num_sequences"] = has_sequence.sum().to(w.dtype)
-        metrics.update(diagnostic_metrics(diagnostic_parts(stats, mask)))
+        has_sequence = sums[-1] > 0
+        num_sequences = has_sequence.sum().to(num_tokens.dtype)
+        metrics["kl/sequence"] = (stats["sequence_kl"] * has_sequence).sum() / num_sequences.clamp(min=1.0)
+        metrics["num_sequences"] = num_sequences
+        if diagnostics:
+            parts = diagnostic_parts_from_sums(stats["log_prefix_weight"], has_sequence, totals[-3:])
+            metrics.update(diagnostic_metrics(parts))
         return metrics
 
 
@@ -289,28 +327,38 @@ def diagnostic_parts(stats: dict[str, torch.Tensor], mask: torch.Tensor) -> torc
     and ``kl_gradient_weight``) and the mask they were computed with. Detached, computed on the device (no
     synchronisation)."""
     with torch.no_grad():
-        log_W = stats["log_prefix_weight"]
-        dtype = log_W.dtype
+        dtype = stats["log_prefix_weight"].dtype
         mask = mask.to(dtype)
-        has_sequence = mask.sum(-1) > 0
-        count = has_sequence.sum().to(dtype)
-        zero = torch.zeros((), dtype=dtype, device=log_W.device)
-        kept = torch.where(has_sequence, log_W, zero)
-        mean = kept.sum() / count.clamp(min=1.0)
-        m2 = torch.where(has_sequence, (log_W - mean).square(), zero).sum()
-        largest = torch.where(has_sequence, log_W, -math.inf).amax()
-        smallest = torch.where(has_sequence, log_W, math.inf).amin()
-        log_sum = torch.where(has_sequence, log_W, -math.inf).logsumexp(0)
-        log_sum_sq = torch.where(has_sequence, 2.0 * log_W, -math.inf).logsumexp(0)
-        kl_abs = (stats["kl_gradient_weight"].abs() * mask).sum().to(dtype)
-        reward_abs = (stats["reward_gradient_weight"].abs() * mask).sum().to(dtype)
-        return torch.stack([count, mean, m2, largest, smallest, log_sum, log_sum_sq, kl_abs, reward_abs, mask.sum()])
+        totals = torch.stack(
+            [(stats["reward_gradient_weight"].abs() * mask).sum(), (stats["kl_gradient_weight"].abs() * mask).sum()]
+        )
+        return diagnostic_parts_from_sums(
+            stats["log_prefix_weight"], mask.sum(-1) > 0, torch.cat([totals, mask.sum()[None]])
+        )
+
+
+def diagnostic_parts_from_sums(
+    log_W: torch.Tensor, has_sequence: torch.Tensor, weight_sums: torch.Tensor
+) -> torch.Tensor:
+    """[`diagnostic_parts`] from the completions' ``log W`` (B,), which of them have an active token (B,), and the
+    sums ``(Σ|w·A|, Σ|β·K̃|, number of active tokens)`` (3,)."""
+    dtype = log_W.dtype
+    count = has_sequence.sum().to(dtype)
+    mean = torch.where(has_sequence, log_W, 0.0).sum() / count.clamp(min=1.0)
+    m2 = torch.where(has_sequence, (log_W - mean).square(), 0.0).sum()
+    kept = torch.where(has_sequence, log_W, -math.inf)
+    smallest = torch.where(has_sequence, log_W, math.inf).amin()
+    log_sums = torch.stack([kept, 2.0 * kept]).logsumexp(-1)  # log Σ W and log Σ W²
+    reward_abs, kl_abs, num_tokens = weight_sums.to(dtype).unbind()
+    return torch.stack([count, mean, m2, kept.amax(), smallest, *log_sums.unbind(), kl_abs, reward_abs, num_tokens])
 
 
 def combine_diagnostic_parts(parts: torch.Tensor) -> torch.Tensor:
     """The parts of the union of batches from theirs, (N, len(DIAGNOSTIC_PARTS)) -> (len(DIAGNOSTIC_PARTS),) (rows of
     [`diagnostic_parts`], e.g. of the micro-batches of an optimizer step or gathered from the processes): exact, so
     that [`diagnostic_metrics`] of the result equals that of the concatenated batch up to rounding."""
+    if parts.shape[0] == 1:  # one batch: its own parts (a known shape, no synchronisation)
+        return parts[0].detach()
     with torch.no_grad():
         count, mean, m2 = parts[:, 0], parts[:, 1], parts[:, 2]
         total = count.sum()
@@ -335,25 +383,23 @@ def diagnostic_metrics(parts: torch.Tensor) -> dict[str, torch.Tensor]:
     several), 0-d tensors."""
     with torch.no_grad():
         count, _, m2, largest, smallest, log_sum, log_sum_sq, kl_abs, reward_abs, num_tokens = parts.unbind()
-        has_sequence = count > 0
-        nan = torch.full_like(count, math.nan)
-        log_ess = 2.0 * log_sum - log_sum_sq - torch.log(count.clamp(min=1.0))
+        safe_count = count.clamp(min=1.0)
+        std = (m2 / safe_count).clamp(min=0.0).sqrt()
+        ess = torch.exp(2.0 * log_sum - log_sum_sq - torch.log(safe_count))  # NaN without a completion: replaced
         total = kl_abs + reward_abs
         share = torch.where(total > 0, kl_abs / torch.where(total > 0, total, 1.0), 0.0)
-        values = (
-            torch.where(has_sequence, largest, nan),
-            torch.where(has_sequence, smallest, nan),
-            torch.where(has_sequence, (m2 / count.clamp(min=1.0)).clamp(min=0.0).sqrt(), nan),
-            torch.where(has_sequence, torch.exp(torch.where(has_sequence, log_ess, 0.0)), nan),
-            torch.where(num_tokens > 0, share, nan),
-        )
+        per_sequence = torch.where(count > 0, torch.stack([largest, smallest, std, ess]), math.nan)
+        values = (*per_sequence.unbind(), torch.where(num_tokens > 0, share, math.nan))
         return dict(zip(DIAGNOSTIC_METRICS, values, strict=True))
 
 
-def nan_extreme(values: torch.Tensor, largest: bool) -> torch.Tensor:
-    """The largest (or smallest) non-NaN entry of `values`, NaN when all are NaN: TRL's `nanmax`/`nanmin` computed on
-    the device (theirs index by a boolean mask and test a device value, and each waits for the device)."""
+def nan_extreme(values: torch.Tensor, largest: bool, dim: int | None = None) -> torch.Tensor:
+    """The largest (or smallest) non-NaN entry of `values` (along `dim`, or of all), NaN where all are NaN: TRL's
+    `nanmax`/`nanmin` computed on the device (theirs index by a boolean mask and test a device value, and each waits
+    for the device)."""
+    if dim is not None and values.shape[dim] == 1:  # one entry (e.g. gathered from one process): itself, NaN or not
+        return values.squeeze(dim)
     is_nan = values.isnan()
     kept = torch.where(is_nan, -math.inf if largest else math.inf, values)  # Python scalars: no tensor to fill
-    extreme = kept.amax() if largest else kept.amin()
-    return torch.where(is_nan.all(), math.nan, extreme)
+    extreme = kept.amax(dim) if largest else kept.amin(dim)
+    return torch.where(is_nan.all(dim) if dim is not None else is_nan.all(), math.nan, extreme)

@@ -285,7 +285,7 @@ def _bench_tables(reports: list[dict]) -> list[str]:
             ratios.append(
                 f"{head} {label} | {ratio} | {r['peak_memory']:.3f} | {r['peak_memory_saved_bytes'] / 2**20:.1f} |"
             )
-            if "step_time_mean" in r:  # bench-speed since 2026-11-27
+            if "step_time_mean" in r:  # bench-speed after the GPU run of 2026-11-27
                 mean, half = r["step_time_mean"], r["step_time_half_width"]
                 spread = f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
                 ends = "not measurable (one repeat)" if half is None else f"[{mean - half:.3f}, {mean + half:.3f}]"

@@ -478,10 +478,9 @@ def run(opts) -> dict:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     report = report_now(len(processes), loss_only(opts) if opts.loss_repeats > 0 else None)  # 0: (c) not measured
-    text = format_report(report, opts)
-    print(text)
-    if opts.output_json:
+    if opts.output_json:  # before the report is printed: a closed stdout does not lose the numbers
         write_json(opts.output_json, report)
+    print(format_report(report, opts))
     return report
 
 

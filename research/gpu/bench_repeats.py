@@ -16,8 +16,8 @@ Prints, from the JSON alone (stdlib and rpg_research only, no GPU, no model):
 * the weights' size: `model_weight_bytes` as parameters of the JSON's dtype (float32 when it records none), and the
   same parameters in the other dtype (arithmetic);
   beside it, the parameter count of the Qwen3 that `bench_speed.py` builds from the JSON's hidden size, layers and
-  vocabulary (heads of 64: hidden / 64 heads, hidden / 128 key-value heads, MLP 4 x hidden, tied embeddings) and of
-  the same with Qwen3-0.6B's heads of 128 and MLP of 3072;
+  vocabulary (max(hidden / 64, 2) heads splitting the hidden size, max(hidden / 128, 1) key-value heads, MLP
+  4 x hidden, tied embeddings) and of the same with Qwen3-0.6B's heads of 128 and MLP of 3072;
 * the loss alone (`loss_only`, when present): the paired rounds' ratios RPG / GRPO, the rounds where RPG's loss is
   slower, the sign test's p (one- and two-sided), the mean ratio with its 95 % Student-t interval and the median
   ratio with its distribution-free interval (order statistics).
@@ -136,12 +136,13 @@ def main(path: str) -> None:
         f"{weights / MIB:.1f} MiB; x {other} bytes = {weights // size * other / MIB:.1f} MiB"
     )
     hidden, layers = data["settings"]["hidden_size"], data["settings"]["num_layers"]
-    vocab = data["settings"]["vocab_size"]
-    built = qwen3_parameters(hidden, layers, vocab, hidden // 64, max(hidden // 128, 1), 64, 4 * hidden)
+    vocab = data["settings"]["vocab_size"] or runs["grpo-ref"]["vocab_size"]  # None: the character tokenizer's
+    heads = max(hidden // 64, 2)
+    built = qwen3_parameters(hidden, layers, vocab, heads, max(hidden // 128, 1), hidden // heads, 4 * hidden)
     heads_128 = qwen3_parameters(hidden, layers, vocab, 16, 8, 128, 3072)
     print(
-        f"  hidden {hidden} x {layers} layers, vocabulary {vocab}: {built:,} parameters with heads of 64 and MLP "
-        f"{4 * hidden} (bench_speed.py's); {heads_128:,} with 16 heads of 128, 8 key-value, MLP 3072 (Qwen3-0.6B's)"
+        f"  hidden {hidden} x {layers} layers, vocabulary {vocab}: {built:,} parameters with {heads} heads of "
+        f"{hidden // heads} and MLP {4 * hidden} (bench_speed.py's); {heads_128:,} with 16 heads of 128, 8 key-value, MLP 3072 (Qwen3-0.6B's)"
     )
     loss = data.get("loss_only")
     if loss:

@@ -78,9 +78,13 @@ def test_main_reads_the_recorded_orders_and_prints_the_intervals(bench_repeats, 
     and (a)'s two rows, by hand with t(3) = 3.182 over four repeats."""
     reference = [0.10, 0.20, 0.11, 0.06]
     data = {
-        "settings": {"repeats": 4, "hidden_size": 128, "num_layers": 2, "vocab_size": 100, "dtype": "bfloat16"},
+        "settings": {"repeats": 4, "hidden_size": 64, "num_layers": 1, "vocab_size": None, "dtype": "bfloat16"},
         "runs": {
-            "grpo-ref": {"step_time_per_repeat_s": [1.0, 2.0, 1.0, 0.5], "model_weight_bytes": 2 * 1000},
+            "grpo-ref": {
+                "step_time_per_repeat_s": [1.0, 2.0, 1.0, 0.5],
+                "model_weight_bytes": 2 * 1000,
+                "vocab_size": 28,
+            },
             "rpg-sampling": {"step_time_per_repeat_s": [0.91, 1.79, 0.90, 0.45]},
         },
         "orders": [["rpg-sampling", "grpo-ref"], ["grpo-ref", "rpg-sampling"]] * 2,
@@ -105,6 +109,10 @@ def test_main_reads_the_recorded_orders_and_prints_the_intervals(bench_repeats, 
     assert "less the anchor's (ms): [100.0, 200.0, 110.0, 60.0], mean 117.5 ± 94.0 [23.5, 211.5]" in out
     assert "saved / pass, of the means: 96%" in out  # 112.5 / 117.5
     assert "weights (bfloat16): 2000 bytes = 1,000 parameters x 2 bytes" in out
+    # The character vocabulary (settings: None) from the run; bench_speed's model of hidden 64 x 1 layer has 2 heads of
+    # 32: attention 64·32·(2·2 + 2·1) + 2·32 = 12,352, MLP 3·64·256 = 49,152, norms 128, embeddings 28·64 = 1,792,
+    # final norm 64: 63,488 (the 253,952 float32 bytes of such a CPU run, / 4).
+    assert "hidden 64 x 1 layers, vocabulary 28: 63,488 parameters with 2 heads of 32 and MLP 256" in out
 
 
 def test_main_reads_the_gpu_run_of_2026_11_27(bench_repeats, capsys):

@@ -472,7 +472,7 @@ def run(opts) -> dict:
         for finished, names in enumerate(tqdm(processes, desc="bench-speed", unit="process"), 1):
             for result in _run_worker(opts, names, model_dir):
                 runs[result["scenario"]].append(result)
-            if opts.output_json and finished < len(processes):
+            if opts.output_json:  # the last one too: the loss alone, measured next, may fail
                 write_json(opts.output_json, report_now(finished, None))
     finally:
         if scratch:
@@ -519,7 +519,7 @@ def build_report(
 
 
 def write_json(path, report: dict) -> None:
-    """`report` to `path` whole or not at all (a temporary file renamed over it): a worker killed while it is written
+    """`report` to `path` whole or not at all (a temporary file renamed over it): a command killed while it writes
     leaves the previous one."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")

@@ -4,14 +4,20 @@
 
 Prints, from the JSON alone (stdlib and rpg_research only, no GPU, no model):
 
-* each run's step time per repeat, the order of the runs in each repeat (the rotation of `bench_speed.plan`) and each
-  run's first (untimed) step per repeat: the slow one is the first run of its process;
-* each comparison's step-time ratio per repeat, and the repeats farther from 1 than the A/A band;
-* the sampling anchor's step time saved per repeat (GRPO less RPG's anchor run, the same repeat) and its median;
-* the weights' size: `model_weight_bytes` as float32 parameters, and the same parameters at 2 bytes (arithmetic);
+* each run's step time per repeat, the order of the runs in each repeat (the JSON's `orders`; a JSON saved before
+  them: the rotation that `bench_speed.plan` used then) and each run's first (untimed) step per repeat: the slow one is
+  the first run of its process;
+* each comparison's step-time ratio per repeat, the repeats farther from 1 than the A/A band, and the mean ratio with
+  its 95 % Student-t interval over the repeats (recomputed from the ratios, so also for a JSON saved before the
+  intervals);
+* the sampling anchor's step time saved per repeat (GRPO less RPG's anchor run, the same repeat), its median and its
+  mean with the interval; beside it GRPO's reference pass per repeat (the breakdown row "scoring: reference log-probs",
+  less the anchor's) with its interval, from `per_repeat_breakdown_s` (a JSON without it: the median only);
+* the weights' size: `model_weight_bytes` as parameters of the JSON's dtype (float32 when it records none), and the
+  same parameters in the other dtype (arithmetic);
   beside it, the parameter count of the Qwen3 that `bench_speed.py` builds from the JSON's hidden size, layers and
-  vocabulary (heads of 64: hidden / 64 heads, hidden / 128 key-value heads, MLP 4 x hidden, tied embeddings) and of
-  the same with Qwen3-0.6B's heads of 128 and MLP of 3072;
+  vocabulary (max(hidden / 64, 2) heads splitting the hidden size, max(hidden / 128, 1) key-value heads, MLP
+  4 x hidden, tied embeddings) and of the same with Qwen3-0.6B's heads of 128 and MLP of 3072;
 * the loss alone (`loss_only`, when present): the paired rounds' ratios RPG / GRPO, the rounds where RPG's loss is
   slower, the sign test's p (one- and two-sided), the mean ratio with its 95 % Student-t interval and the median
   ratio with its distribution-free interval (order statistics).
@@ -29,7 +35,8 @@ MIB = 2**20
 
 
 def rotation(scenarios: list[str], repeats: int) -> list[list[str]]:
-    """The order of the runs in each repeat: repeat r runs `scenarios` rotated by r (bench_speed.plan)."""
+    """The order of the runs in each repeat of a JSON saved without `orders`: repeat r ran `scenarios` rotated by r
+    (bench_speed.plan before its Williams design)."""
     return [scenarios[r % len(scenarios) :] + scenarios[: r % len(scenarios)] for r in range(repeats)]
 
 
@@ -58,14 +65,56 @@ def median_interval(values: list[float]) -> tuple[float, float, float]:
     return best
 
 
+def with_interval(values: list[float], scale: float = 1.0, digits: int = 3) -> str:
+    """The mean of `values` with its 95 % Student-t interval, `mean ± half [low, high]`; the mean alone with one value."""
+    mean, half = mean_interval(values)
+    if math.isnan(half):
+        return f"{mean * scale:.{digits}f} (one value: no interval)"
+    low, high = (mean - half) * scale, (mean + half) * scale
+    return f"{mean * scale:.{digits}f} ± {half * scale:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def target_a(data: dict) -> None:
+    """Target (a)'s two rows per repeat: the step time saved by the anchor and GRPO's reference pass, each with its
+    mean and interval."""
+    runs = data["runs"]
+    grpo, anchor = runs["grpo-ref"]["step_time_per_repeat_s"], runs["rpg-sampling"]["step_time_per_repeat_s"]
+    saved = [(g - a) * 1e3 for g, a in zip(grpo, anchor)]
+    print(
+        f"  (a) step time saved per repeat (ms): {[round(s, 1) for s in saved]}, median {statistics.median(saved):.1f}, "
+        f"mean {with_interval(saved, digits=1)}"
+    )
+    row = "scoring: reference log-probs"
+    breakdowns = data.get("per_repeat_breakdown_s", {})
+    if "grpo-ref" in breakdowns and "rpg-sampling" in breakdowns:
+        pairs = zip(breakdowns["grpo-ref"], breakdowns["rpg-sampling"])
+        reference = [(g[row] - a[row]) * 1e3 for g, a in pairs]
+        share = (
+            f"{statistics.fmean(saved) / statistics.fmean(reference):.0%}" if statistics.fmean(reference) > 0 else "–"
+        )
+        print(
+            f"  (a) GRPO's reference pass per repeat, less the anchor's (ms): {[round(x, 1) for x in reference]}, "
+            f"mean {with_interval(reference, digits=1)}; saved / pass, of the means: {share}"
+        )
+    elif "breakdown_s" in runs["grpo-ref"]:
+        median = runs["grpo-ref"]["breakdown_s"][row] * 1e3
+        print(f"  (a) GRPO's reference pass: median {median:.1f} ms (per repeat not in this JSON: no interval)")
+
+
 def main(path: str) -> None:
     data = json.loads(open(path).read())
     runs, ratios = data["runs"], data["ratios"]
     repeats = data["settings"]["repeats"]
     names = list(runs)
-    print(f"{path}: {repeats} repeat(s)")
-    for r, order in enumerate(rotation(names, repeats), 1):
-        print(f"  repeat {r} runs, in order: {', '.join(order)}")
+    processes = data.get("processes")
+    cut = ""
+    if processes and processes["finished"] < processes["planned"]:
+        cut = f" (cut short: {processes['finished']} of {processes['planned']} processes finished)"
+    print(f"{path}: {repeats} repeat(s){cut}")
+    orders = data.get("orders") or rotation(names, repeats)
+    source = "recorded" if data.get("orders") else "not recorded: the rotation of its time"
+    for r, order in enumerate(orders, 1):
+        print(f"  repeat {r} runs, in order ({source}): {', '.join(order)}")
     for name, run in runs.items():
         print(f"  {name}: step time per repeat (ms) {[round(s * 1e3, 1) for s in run['step_time_per_repeat_s']]}")
     for name, steps in data.get("per_repeat", {}).items():
@@ -76,23 +125,24 @@ def main(path: str) -> None:
         per_repeat = ratio["step_time_per_repeat"]
         outside = [r + 1 for r, x in enumerate(per_repeat) if band is not None and abs(x - 1) > band]
         print(f"  {name}: ratio per repeat {[round(x, 3) for x in per_repeat]}; repeats outside the band: {outside}")
-    grpo, anchor = runs["grpo-ref"]["step_time_per_repeat_s"], runs["rpg-sampling"]["step_time_per_repeat_s"]
-    saved = [(g - a) * 1e3 for g, a in zip(grpo, anchor)]
-    print(
-        f"  (a) step time saved per repeat (ms): {[round(s, 1) for s in saved]}, median {statistics.median(saved):.1f}"
-    )
+        print(f"    mean ratio {with_interval(per_repeat)} (95 % Student-t over {len(per_repeat)} repeat(s))")
+    if "grpo-ref" in runs and "rpg-sampling" in runs:
+        target_a(data)
     weights = runs["grpo-ref"]["model_weight_bytes"]
+    dtype = data["settings"].get("dtype", "float32")
+    size, other = (2, 4) if dtype == "bfloat16" else (4, 2)
     print(
-        f"  weights: {weights} bytes = {weights // 4:,} parameters x 4 bytes = {weights / MIB:.1f} MiB; "
-        f"x 2 bytes = {weights // 2 / MIB:.1f} MiB"
+        f"  weights ({dtype}): {weights} bytes = {weights // size:,} parameters x {size} bytes = "
+        f"{weights / MIB:.1f} MiB; x {other} bytes = {weights // size * other / MIB:.1f} MiB"
     )
     hidden, layers = data["settings"]["hidden_size"], data["settings"]["num_layers"]
-    vocab = data["settings"]["vocab_size"]
-    built = qwen3_parameters(hidden, layers, vocab, hidden // 64, max(hidden // 128, 1), 64, 4 * hidden)
+    vocab = data["settings"]["vocab_size"] or runs["grpo-ref"]["vocab_size"]  # None: the character tokenizer's
+    heads = max(hidden // 64, 2)
+    built = qwen3_parameters(hidden, layers, vocab, heads, max(hidden // 128, 1), hidden // heads, 4 * hidden)
     heads_128 = qwen3_parameters(hidden, layers, vocab, 16, 8, 128, 3072)
     print(
-        f"  hidden {hidden} x {layers} layers, vocabulary {vocab}: {built:,} parameters with heads of 64 and MLP "
-        f"{4 * hidden} (bench_speed.py's); {heads_128:,} with 16 heads of 128, 8 key-value, MLP 3072 (Qwen3-0.6B's)"
+        f"  hidden {hidden} x {layers} layers, vocabulary {vocab}: {built:,} parameters with {heads} heads of "
+        f"{hidden // heads} and MLP {4 * hidden} (bench_speed.py's); {heads_128:,} with 16 heads of 128, 8 key-value, MLP 3072 (Qwen3-0.6B's)"
     )
     loss = data.get("loss_only")
     if loss:

@@ -250,7 +250,8 @@ def _spread(value: float, low, high, digits: int) -> str:
 
 def _bench_tables(reports: list[dict]) -> list[str]:
     """The bench-speed reports as research/docs/benchmarks.md's tables: what was timed, the runs, the comparisons (medians and
-    [min-max] over the repeats), the targets, the loss alone and where a step's time goes."""
+    [min-max] over the repeats; and the mean ratios with their 95 % Student-t intervals, for reports that hold them),
+    the targets, the loss alone and where a step's time goes."""
     lines = ["What was timed (each bench-speed command):"]
     runs = [
         "",
@@ -261,6 +262,11 @@ def _bench_tables(reports: list[dict]) -> list[str]:
         "",
         "| completion tokens | training | comparison | step time ratio [min-max] | peak memory ratio | "
         "peak memory saved (MiB) |",
+        "|---|---|---|---|---|---|",
+    ]
+    intervals = [
+        "",
+        "| completion tokens | training | comparison | repeats | mean step time ratio ± 95 % (Student-t) | interval |",
         "|---|---|---|---|---|---|",
     ]
     targets, losses, breakdowns = [""], [""], []
@@ -279,6 +285,11 @@ def _bench_tables(reports: list[dict]) -> list[str]:
             ratios.append(
                 f"{head} {label} | {ratio} | {r['peak_memory']:.3f} | {r['peak_memory_saved_bytes'] / 2**20:.1f} |"
             )
+            if "step_time_mean" in r:  # bench-speed after the GPU run of 2026-11-27
+                mean, half = r["step_time_mean"], r["step_time_half_width"]
+                spread = f"{mean:.3f}" if half is None else f"{mean:.3f} ± {half:.3f}"
+                ends = "not measurable (one repeat)" if half is None else f"[{mean - half:.3f}, {mean + half:.3f}]"
+                intervals.append(f"{head} {label} | {r['repeats']} | {spread} | {ends} |")
         if "targets" in report:
             from rpg_research.cli.bench_speed_report import format_targets
 
@@ -296,7 +307,8 @@ def _bench_tables(reports: list[dict]) -> list[str]:
             from rpg_research.cli.bench_speed_report import breakdown_table
 
             breakdowns += ["", f"{title}:", "", breakdown_table(report["runs"])]
-    return lines + runs + ratios + targets + losses + breakdowns
+    intervals = intervals if len(intervals) > 3 else []
+    return lines + runs + ratios + intervals + targets + losses + breakdowns
 
 
 def main(argv=None) -> None:

@@ -1,15 +1,27 @@
 """`rpg-trl bench-speed --quick` runs end to end, reports consistent numbers and writes them with `--output-json`; its
-report (`rpg_research.cli.bench_speed_report`): the ratios, the noise band and the targets."""
+report (`rpg_research.cli.bench_speed_report`): the ratios, their intervals, the noise band and the targets; the order
+of the runs (a Williams design), the weights' dtype, and the JSON of a command cut short."""
 
 import argparse
 import json
+import math
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 
 from rpg_research import cli
-from rpg_research.cli.bench_speed import PHASES, _PhaseTimer, add_arguments, plan, settings
+from rpg_research.cli import bench_speed
+from rpg_research.cli.bench_speed import (
+    PHASES,
+    _PhaseTimer,
+    add_arguments,
+    plan,
+    run_orders,
+    settings,
+    williams_design,
+)
 from rpg_research.toy import make_fixed_rollout
 
 
@@ -75,7 +87,10 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
         "(b) RPG reference model vs GRPO beta>0",
     }
     # What was timed travels with the figures; one repeat gives no noise band, so (b) cannot be judged.
-    assert "generation not timed, no vLLM), random weights, vocabulary 500, full fine-tuning" in report["conditions"]
+    assert (
+        "generation not timed, no vLLM), random weights loaded in float32, vocabulary 500, full fine-tuning"
+        in report["conditions"]
+    )
     assert report["conditions"] in proc.stdout and report["noise_band"] is None
     assert set(report["targets"]) == {"(a) time", "(a) memory", "(b)", "(c)"}
     assert report["targets"]["(b)"]["met"] is None and "target (c): ratio" in proc.stdout
@@ -84,6 +99,13 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
     assert all(run["vocab_size"] == 500 for run in runs.values())
     # Every step's time is saved (warm-up included), per run and repeat.
     assert [len(steps) for steps in report["per_repeat"]["grpo-ref"]] == [4]
+    assert report["per_repeat_breakdown_s"]["grpo-ref"] == [runs["grpo-ref"]["breakdown_s"]]  # one repeat: its own
+    assert report["orders"] == [["grpo-ref", "grpo-ref-2", "rpg-sampling", "rpg-reference"]]
+    assert report["processes"] == {"finished": 1, "planned": 1}
+    assert all(run["parameter_dtypes"] == ["float32"] for run in runs.values())
+    # One repeat: no interval anywhere, and (b) says so.
+    assert all(r["step_time_half_width"] is None for r in report["ratios"].values())
+    assert report["targets"]["(b)"]["verdict"] == "not measurable (one repeat)"
     assert runs["grpo-ref"]["has_ref_model"] and runs["rpg-reference"]["has_ref_model"]
     assert not runs["rpg-sampling"]["has_ref_model"]
     # The sampling anchor holds exactly one model's weights; GRPO with beta > 0 holds two.
@@ -153,24 +175,37 @@ def test_repeats_rotate_the_order_and_share_a_process_on_cuda():
     assert plan(["a", "b"], 3, one_process_per_run=True) == [["a"], ["b"], ["b"], ["a"], ["a"], ["b"]]
 
 
+def _result(step, reference_pass=0.0, peak=300, scenario=None):
+    """A worker's result for one run, the fields the report reads."""
+    breakdown = dict.fromkeys(PHASES, 0.0) | {"scoring: reference log-probs": reference_pass}
+    return {
+        "scenario": scenario,
+        "step_time_s": step,
+        "step_times_s": [step, step],
+        "tokens_per_s": 1 / step,
+        "peak_memory_bytes": peak,
+        "model_weight_bytes": 100,
+        "weights_in_memory_bytes": 200,
+        "has_ref_model": True,
+        "vocab_size": 10,
+        "resident_before_bytes": None,
+        "breakdown_s": breakdown,
+    }
+
+
+def _t_interval(values, t):
+    """Mean and half-width of the 95 % Student-t interval, by the textbook formula with the quantile `t` given."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, t * sd / math.sqrt(n)
+
+
 def test_targets_and_the_noise_band_from_per_repeat_times():
-    """(a) the time saved against GRPO's own reference pass, (b) against the A/A band, (c) against 1.05."""
+    """(a) the time saved against GRPO's own reference pass, (b) by the ratio's interval, (c) against 1.05."""
     from rpg_research.cli.bench_speed_report import ratios, summarize, targets
 
-    def run(step, reference_pass, peak):
-        breakdown = dict.fromkeys(PHASES, 0.0) | {"scoring: reference log-probs": reference_pass}
-        return {
-            "step_time_s": step,
-            "tokens_per_s": 1 / step,
-            "peak_memory_bytes": peak,
-            "model_weight_bytes": 100,
-            "weights_in_memory_bytes": 200,
-            "has_ref_model": True,
-            "vocab_size": 10,
-            "resident_before_bytes": None,
-            "breakdown_s": breakdown,
-        }
-
+    run = _result
     runs = {
         "grpo-ref": [run(1.00, 0.10, 300), run(1.00, 0.10, 300), run(1.00, 0.10, 300)],
         "grpo-ref-2": [run(1.02, 0.10, 300), run(0.99, 0.10, 300), run(1.00, 0.10, 300)],
@@ -186,10 +221,160 @@ def test_targets_and_the_noise_band_from_per_repeat_times():
     assert result["(a) time"]["value"] == pytest.approx(0.95) and result["(a) time"]["met"]  # 95 ms of 100 ms
     assert result["(a) memory"]["met"] and result["(a) memory"]["saved_bytes"] == 100
     assert targets(summary, runs, out, aa["band"], loss, lora=False, cuda=False)["(a) memory"]["met"] is None  # RSS
-    assert result["(b)"]["value"] == pytest.approx(1.01) and result["(b)"]["met"]  # |0.01| <= 0.02
+    # (b): ratios 1.01, 1.00, 1.03: mean 1.01333, sd 0.01528, t(2) = 4.303: ± 0.0380, [0.975, 1.051] holds 1.
+    assert result["(b)"]["value"] == pytest.approx(1.013333, abs=1e-6)
+    assert result["(b)"]["half_width"] == pytest.approx(0.037949, abs=1e-6)
+    assert result["(b)"]["median"] == pytest.approx(1.01) and result["(b)"]["met"]
     assert result["(c)"]["met"]
-    assert (
-        targets(summary, runs, out, 0.005, {"ratio": 1.06, "model_training": True}, lora=True)["(b)"]["met"] is False
-    )
     lora = targets(summary, runs, out, None, {"ratio": 1.06, "model_training": True}, lora=True)
-    assert lora["(a) memory"]["met"] is None and lora["(b)"]["met"] is None and lora["(c)"]["met"] is False
+    assert lora["(a) memory"]["met"] is None and lora["(c)"]["met"] is False
+
+
+def test_williams_design_puts_each_run_at_each_position_and_after_each_other_once():
+    """n = 4: four orders, each run once at each position, each ordered pair of neighbours once (12 = 4 x 3 pairs);
+    n = 3 (odd): six orders, each position twice, each ordered pair twice."""
+    for n, orders, times in [(4, 4, 1), (3, 6, 2), (6, 6, 1), (5, 10, 2)]:
+        design = williams_design(n)
+        assert len(design) == orders
+        assert all(sorted(order) == list(range(n)) for order in design)
+        for position in range(n):
+            assert Counter(order[position] for order in design) == dict.fromkeys(range(n), times)
+        pairs = Counter((order[i], order[i + 1]) for order in design for i in range(n - 1))
+        assert pairs == {(a, b): times for a in range(n) for b in range(n) if a != b}
+
+
+def test_run_orders_balanced_when_the_repeats_are_a_multiple_of_the_runs():
+    names = ["grpo-ref", "grpo-ref-2", "rpg-sampling", "rpg-reference"]
+    orders, words = run_orders(names, 8)
+    assert orders[:4] == orders[4:] and "Williams design" in words
+    assert orders[0] == ["grpo-ref", "grpo-ref-2", "rpg-reference", "rpg-sampling"]  # 0, 1, n-1, 2
+    assert Counter(order[0] for order in orders) == dict.fromkeys(names, 2)
+    # 3 repeats of 4 runs: the rotation, and the words say it is unbalanced and who ran first how often.
+    orders, words = run_orders(names, 3)
+    assert orders == [names, names[1:] + names[:1], names[2:] + names[:2]]
+    assert "unbalanced" in words and "rpg-sampling 1, rpg-reference 0" in words
+    # On CPU each run of a repeat has its own process, in the repeat's order.
+    first = ["grpo-ref", "grpo-ref-2", "rpg-reference", "rpg-sampling"]
+    assert plan(names, 4, one_process_per_run=True)[:4] == [[name] for name in first]
+
+
+def test_intervals_of_the_ratios_and_of_target_a_against_the_textbook_formula():
+    """Four repeats (3 degrees of freedom, t = 3.182): each comparison's mean ratio and interval, (a)'s saved time and
+    reference pass each with its own interval, (b)'s verdict by its interval, and one repeat: nothing measurable."""
+    from rpg_research.cli.bench_speed_report import format_targets, ratios, summarize, targets
+
+    grpo = [1.0, 2.0, 1.0, 0.5]
+    aa = [1.01, 0.99, 1.00, 1.02]
+    rpg_reference = [1.02, 0.98, 1.06, 1.00]
+    saved = [0.09, 0.21, 0.10, 0.05]
+    reference = [0.10, 0.20, 0.11, 0.06]
+    runs = {
+        "grpo-ref": [_result(g, r) for g, r in zip(grpo, reference)],
+        "grpo-ref-2": [_result(g * x, r) for g, x, r in zip(grpo, aa, reference)],
+        "rpg-sampling": [_result(g - s) for g, s in zip(grpo, saved)],
+        "rpg-reference": [_result(g * x, r) for g, x, r in zip(grpo, rpg_reference, reference)],
+    }
+    out = ratios(runs)
+    for label, values in [
+        ("(A/A) GRPO vs GRPO, the same run", aa),
+        ("(b) RPG reference model vs GRPO beta>0", rpg_reference),
+    ]:
+        mean, half = _t_interval(values, 3.182)
+        assert out[label]["step_time_mean"] == pytest.approx(mean, rel=1e-9)
+        assert out[label]["step_time_half_width"] == pytest.approx(half, rel=1e-9)
+        assert out[label]["step_time_per_repeat"] == pytest.approx(values) and out[label]["repeats"] == 4
+    # (b) by hand: mean 1.015, sd sqrt(0.0035 / 3) = 0.034157, half 3.182 x 0.034157 / 2 = 0.054343: holds 1.
+    summary = {name: summarize(results) for name, results in runs.items()}
+    result = targets(summary, runs, out, out["(A/A) GRPO vs GRPO, the same run"]["band"], None, lora=False)
+    b = result["(b)"]
+    assert b["value"] == pytest.approx(1.015) and b["half_width"] == pytest.approx(0.054343, abs=1e-6)
+    assert b["interval"] == pytest.approx([1.015 - 0.054343, 1.015 + 0.054343], abs=1e-6)
+    assert b["met"] and b["verdict"] == "no difference detected at ± 0.054"
+    assert b["aa_half_width"] == pytest.approx(_t_interval(aa, 3.182)[1])
+    # (a): saved mean 0.1125, reference pass mean 0.1175 (the anchor has none), share 0.957 >= 0.90.
+    a = result["(a) time"]
+    assert a["saved_s"] == pytest.approx(0.1125) and a["reference_pass_s"] == pytest.approx(0.1175)
+    assert a["saved_half_width_s"] == pytest.approx(_t_interval(saved, 3.182)[1])
+    assert a["reference_pass_half_width_s"] == pytest.approx(_t_interval(reference, 3.182)[1])
+    assert (
+        a["value"] == pytest.approx(0.1125 / 0.1175) and a["met"] and a["saved_per_repeat_s"] == pytest.approx(saved)
+    )
+    text = "\n".join(format_targets(result))
+    assert "step time saved 112.5 ± " in text and "GRPO's reference pass 117.5 ± " in text
+    assert "no difference detected at ± 0.054" in text and "A/A interval ± 0.021" in text
+    # A ratio whose interval lies above 1 is "slower", below 1 "faster": (b) missed either way.
+    for factor, verdict in [(1.1, "slower"), (0.9, "faster")]:
+        shifted = {
+            **runs,
+            "rpg-reference": [_result(g * x * factor, r) for g, x, r in zip(grpo, rpg_reference, reference)],
+        }
+        b = targets(summary, shifted, ratios(shifted), None, None, lora=False)["(b)"]
+        assert (b["verdict"], b["met"]) == (verdict, False)
+    # One repeat: no interval, (b) not measurable; (a) judged on its single values.
+    single = {name: results[:1] for name, results in runs.items()}
+    out = ratios(single)
+    assert all(r["step_time_half_width"] is None for r in out.values())
+    result = targets({n: summarize(r) for n, r in single.items()}, single, out, None, None, lora=False)
+    assert result["(b)"]["met"] is None and result["(b)"]["verdict"] == "not measurable (one repeat)"
+    assert result["(a) time"]["saved_half_width_s"] is None and result["(a) time"]["value"] == pytest.approx(0.9)
+    assert "interval not measurable" in "\n".join(format_targets(result))
+
+
+def _opts(*argv):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_bfloat16_weights_are_saved_loaded_and_counted_at_two_bytes(tmp_path):
+    """--dtype bfloat16: the shared model is saved in bf16, both trainers' models (GRPO's reference included) hold
+    bf16 parameters, and the weights weigh 2 bytes per parameter (counted from the saved model, not the trainer); a
+    folder holding the other dtype is refused."""
+    from transformers import AutoModelForCausalLM
+
+    opts = _opts(
+        "--device", "cpu", "--dtype", "bfloat16", "--hidden-size", "64", "--num-layers", "1",
+        "--completion-length", "16", "--batch-size", "4", "--num-generations", "2", "--steps", "2", "--warmup", "0",
+        "--model-dir", str(tmp_path / "model"),
+    )  # fmt: skip
+    opts.scenarios_here = ["grpo-ref"]
+    (result,) = bench_speed._worker(opts)
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "model", dtype="auto")
+    assert saved.dtype == __import__("torch").bfloat16
+    parameters = sum(p.numel() for p in saved.parameters())
+    assert result["parameter_dtypes"] == ["bfloat16"]
+    assert result["model_weight_bytes"] == 2 * parameters
+    assert result["weights_in_memory_bytes"] == 2 * 2 * parameters  # the policy and GRPO's reference model
+    assert "--dtype=bfloat16" in bench_speed._forwarded_flags(opts)
+    opts.dtype = "float32"
+    with pytest.raises(ValueError, match="holds bfloat16 weights; this benchmark loads float32"):
+        bench_speed.shared_model(opts, tmp_path / "model")
+
+
+def test_a_command_cut_short_keeps_the_json_of_its_finished_processes(tmp_path, monkeypatch):
+    """The JSON is written after each worker process; the second one failing leaves the first one's numbers, whole."""
+    out = tmp_path / "bench.json"
+    calls = []
+
+    def worker(opts, names, model_dir):
+        calls.append(names)
+        if len(calls) == 2:
+            raise RuntimeError("bench-speed worker failed")
+        return [_result(0.25, 0.05, scenario=name) for name in names]
+
+    monkeypatch.setattr(bench_speed, "_run_worker", worker)
+    monkeypatch.setattr(bench_speed, "shared_model", lambda opts, path: str(path))
+    opts = _opts(
+        "--device", "cpu", "--repeats", "1", "--scenarios", "grpo-ref,rpg-sampling", "--loss-repeats", "0",
+        "--model-dir", str(tmp_path / "model"), "--output-json", str(out),
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="worker failed"):
+        bench_speed.run(opts)
+    assert calls == [["grpo-ref"], ["rpg-sampling"]]  # CPU: one process per run
+    report = json.loads(out.read_text())
+    assert report["processes"] == {"finished": 1, "planned": 2}
+    assert list(report["runs"]) == ["grpo-ref"] and report["runs"]["grpo-ref"]["step_time_per_repeat_s"] == [0.25]
+    assert report["per_repeat_breakdown_s"]["grpo-ref"][0]["scoring: reference log-probs"] == 0.05
+    assert report["orders"] == [["grpo-ref", "rpg-sampling"]] and report["ratios"] == {}
+    assert "Cut short: 1 of 2 worker processes finished." in report["conditions"]
+    assert not (tmp_path / "bench.json.tmp").exists()

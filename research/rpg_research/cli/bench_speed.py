@@ -5,21 +5,26 @@ Generation is replaced by a deterministic `rollout_func` (TRL's public hook) tha
 completions to both trainers, so what is timed is everything a trainer does per optimizer step besides sampling:
 scoring (old and reference log-probs), the loss, the backward pass and the optimizer step; no vLLM, random weights
 (a Qwen3 built locally; `--vocab-size 151936` gives it Qwen3's vocabulary, so that the output layer and the log-softmax
-weigh what they weigh in a real model). Each configuration is repeated (`--repeats`, in an order rotated from repeat to
-repeat) and its per-step times saved; the report gives medians with their range over the repeats, and per-repeat
-RPG/GRPO ratios for
+weigh what they weigh in a real model), loaded in `--dtype` (float32, or bfloat16 as users load a model for training on
+a GPU). Each configuration is repeated (`--repeats`, the order of the runs changing from repeat to repeat: a Williams
+design when the repeats are a multiple of the runs, [`run_orders`]) and its per-step times saved; the report gives
+medians with their range over the repeats, and per-repeat RPG/GRPO ratios, as their median and range and as their mean
+with a 95 % Student-t interval, for
 
 * (A/A) GRPO against GRPO, the same run twice: its spread is the noise band of the other ratios,
 * (a) RPG with the sampling-policy anchor (one model) vs GRPO with `beta > 0` (policy + reference model): target, the
   anchor saves >= 90 % of the measured reference pass and, with full fine-tuning, one copy of the weights,
-* (b) RPG with a reference model vs the same GRPO (equal settings): target, within the A/A band of 1.00,
+* (b) RPG with a reference model vs the same GRPO (equal settings): target, no difference detected (the ratio's
+  interval holds 1.00; the A/A pair's interval says how large a difference the repeats could detect),
 * (c) the loss alone on large tensors (default B=64, T=4096), in training mode ([`rpg_research.cli.bench_loss`]):
   target, <= 1.05 x GRPO's,
 
 and where a step's time goes (each phase timed between device synchronisations), with the differences that explain a
 missed target (the report: [`rpg_research.cli.bench_speed_report`]). Peak memory is `torch.cuda.max_memory_allocated` on CUDA and the process's peak resident set size on
 CPU; so on CPU each run has its own process, and on CUDA the runs of one repeat share one (the previous trainer freed,
-the peak statistics reset before each), which saves a process start per run.
+the peak statistics reset before each), which saves a process start per run. With `--output-json` the JSON is written
+after every worker process from the processes finished so far (`processes`: finished of planned), so that a command
+cut short (a timeout, a crash) keeps its finished repeats.
 """
 
 from __future__ import annotations
@@ -68,8 +73,8 @@ def _peak_memory_bytes(device) -> int:
 
 def shared_model(opts, path) -> str:
     """The benchmark's Qwen3 (hidden `opts.hidden_size` x `opts.num_layers`, vocabulary `opts.vocab_size` or the
-    character tokenizer's) saved at `path`: built there when `path` holds no model, else checked against the options
-    and reused (one model for all the workers of a command)."""
+    character tokenizer's, weights in `opts.dtype`) saved at `path`: built there when `path` holds no model, else
+    checked against the options and reused (one model for all the workers of a command)."""
     from rpg_research.toy.models import build_char_tokenizer, save_tiny_model
 
     path = Path(path)
@@ -78,6 +83,12 @@ def shared_model(opts, path) -> str:
     config_file = path / "config.json"
     if config_file.exists():
         config = json.loads(config_file.read_text())
+        saved_dtype = config.get("dtype") or config.get("torch_dtype") or "float32"
+        if saved_dtype != opts.dtype:
+            raise ValueError(
+                f"--model-dir {path} holds {saved_dtype} weights; this benchmark loads {opts.dtype} (--dtype "
+                f"{opts.dtype}): give an empty or new folder, or --dtype {saved_dtype}"
+            )
         found = (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"])
         positions = config["max_position_embeddings"]
         if found != (opts.hidden_size, opts.num_layers, vocab_size) or positions < opts.completion_length + 64:
@@ -98,6 +109,7 @@ def shared_model(opts, path) -> str:
         intermediate_size=4 * opts.hidden_size,
         max_position_embeddings=max(opts.completion_length + 64, opts.max_positions or 0),
         vocab_size=vocab_size,
+        dtype=opts.dtype,
     )
 
 
@@ -165,6 +177,8 @@ def _train_scenario(opts, scenario: str, workdir: Path) -> dict:
         bf16=use_cuda,
         **activation_checkpointing(opts.gradient_checkpointing),
         seed=0,
+        # TRL loads a model given by its path in float32 unless told otherwise (reference model included).
+        model_init_kwargs={"dtype": opts.dtype},
         **overrides,
     )
     if kind == "grpo":
@@ -228,6 +242,7 @@ def _train_scenario(opts, scenario: str, workdir: Path) -> dict:
         "peak_memory_bytes": _peak_memory_bytes(trainer.accelerator.device),
         "model_weight_bytes": sum(p.numel() * p.element_size() for p in trainer.model.parameters()),
         "weights_in_memory_bytes": sum(p.numel() * p.element_size() for m in models for p in m.parameters()),
+        "parameter_dtypes": sorted({str(p.dtype).removeprefix("torch.") for m in models for p in m.parameters()}),
         "has_ref_model": trainer.ref_model is not None,
         "vocab_size": trainer.model.config.vocab_size,
         "breakdown_s": breakdown,
@@ -324,13 +339,48 @@ class _PhaseTimer:
         return means
 
 
+def williams_design(n: int) -> list[list[int]]:
+    """A Williams design for `n` treatments: orders of `0 .. n-1` in which each treatment is at each position equally
+    often and each ordered pair of neighbours (a run directly after another, which may carry over its warm caches or
+    its heat) occurs equally often. For even n, n orders: the first is 0, 1, n-1, 2, n-2, ..., the others it shifted
+    by 1, 2, ... (mod n), each position once and each ordered pair once; for odd n, those n and their reverses (2n
+    orders, each position twice and each ordered pair twice)."""
+    first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]
+    orders = [[(t + shift) % n for t in first] for shift in range(n)]
+    return orders if n % 2 == 0 or n == 1 else orders + [order[::-1] for order in orders]
+
+
+def run_orders(scenarios: list[str], repeats: int) -> tuple[list[list[str]], str]:
+    """The order of the runs in each repeat, and how it balances, in words (for `conditions`). When `repeats` is a
+    multiple of the number of runs n, the orders of [`williams_design`] in turn: each run first, second, ... equally
+    often, and with whole designs (n orders for even n, 2n for odd) each run directly after each other equally often.
+    Otherwise repeat r runs `scenarios` rotated by r (so that no run is always first), which is unbalanced: the
+    words say how often each ran first."""
+    n = len(scenarios)
+    if repeats % n == 0:
+        design = williams_design(n)
+        orders = [[scenarios[t] for t in design[r % len(design)]] for r in range(repeats)]
+        if repeats % len(design) == 0:
+            return orders, (
+                "in a Williams design (each run at each position equally often, each run directly after each other "
+                "equally often)"
+            )
+        return orders, (
+            f"in the first {repeats} orders of a Williams design of {len(design)} (each run at each position equally "
+            "often; the neighbours not balanced)"
+        )
+    orders = [scenarios[r % n :] + scenarios[: r % n] for r in range(repeats)]
+    first = ", ".join(f"{name} {sum(order[0] == name for order in orders)}" for name in scenarios)
+    return orders, (
+        f"in rotated order, unbalanced ({repeats} repeats of {n} runs, not a multiple; times first: {first})"
+    )
+
+
 def plan(scenarios: list[str], repeats: int, one_process_per_run: bool) -> list[list[str]]:
-    """The worker processes of a command, in order, each the list of scenarios it runs in turn: repeat r runs
-    `scenarios` rotated by r (so that no run is always first), in one process, or each run in its own."""
+    """The worker processes of a command, in order, each the list of scenarios it runs in turn: repeat r runs the
+    scenarios in the r-th order of [`run_orders`], in one process, or each run in its own."""
     processes = []
-    for r in range(repeats):
-        k = r % len(scenarios)
-        order = scenarios[k:] + scenarios[:k]
+    for order in run_orders(scenarios, repeats)[0]:
         processes += [[name] for name in order] if one_process_per_run else [order]
     return processes
 
@@ -355,6 +405,7 @@ def _forwarded_flags(opts) -> list[str]:
         f"--steps-per-generation={opts.steps_per_generation}",
         f"--steps={opts.steps}",
         f"--warmup={opts.warmup}",
+        f"--dtype={opts.dtype}",
     ]
     if opts.vocab_size:
         flags.append(f"--vocab-size={opts.vocab_size}")
@@ -405,34 +456,75 @@ def run(opts) -> dict:
     # the command works, which runs the CUDA way: every run of a repeat in one process).
     one_process_per_run = opts.device != "cuda" and not opts.quick
     runs: dict[str, list[dict]] = {name: [] for name in scenarios}
+    orders, order_words = run_orders(scenarios, opts.repeats)
+    processes = plan(scenarios, opts.repeats, one_process_per_run)
+    env = environment(opts.device)
+
+    def report_now(finished: int, loss: dict | None) -> dict:
+        return build_report(
+            opts, runs, orders, order_words, env, one_process_per_run, (finished, len(processes)), loss
+        )
+
     # One saved model for every worker (each used to build and save its own: 1.76 GB at hidden 1024 x 28 layers).
     scratch = None if opts.model_dir else tempfile.mkdtemp(prefix="rpg-bench-model-")
     try:
         model_dir = shared_model(opts, opts.model_dir or Path(scratch) / "model")
-        processes = plan(scenarios, opts.repeats, one_process_per_run)
-        for names in tqdm(processes, desc="bench-speed", unit="process"):
+        for finished, names in enumerate(tqdm(processes, desc="bench-speed", unit="process"), 1):
             for result in _run_worker(opts, names, model_dir):
                 runs[result["scenario"]].append(result)
+            if opts.output_json:  # the last one too: the loss alone, measured next, may fail
+                write_json(opts.output_json, report_now(finished, None))
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    summary = {name: summarize(results) for name, results in runs.items()}
-    report = {"settings": settings(opts), "environment": environment(opts.device), "runs": summary}
-    vocab_size = summary[scenarios[0]]["vocab_size"]
-    report["conditions"] = conditions(opts, vocab_size, one_process_per_run)
-    report["per_repeat"] = {name: [r["step_times_s"] for r in results] for name, results in runs.items()}
-    report["ratios"] = ratios(runs)
-    aa = report["ratios"].get(COMPARISONS[0][0])
-    report["noise_band"] = None if aa is None or opts.repeats < 2 else aa["band"]
-    report["loss_only"] = loss_only(opts) if opts.loss_repeats > 0 else None  # --loss-repeats 0: not measured
-    report["targets"] = targets(
-        summary, runs, report["ratios"], report["noise_band"], report["loss_only"], opts.lora, opts.device == "cuda"
-    )
-    text = format_report(report, opts)
-    print(text)
-    if opts.output_json:
-        Path(opts.output_json).write_text(json.dumps(report, indent=2))
+    report = report_now(len(processes), loss_only(opts) if opts.loss_repeats > 0 else None)  # 0: (c) not measured
+    if opts.output_json:  # before the report is printed: a closed stdout does not lose the numbers
+        write_json(opts.output_json, report)
+    print(format_report(report, opts))
     return report
+
+
+def build_report(
+    opts,
+    runs: dict[str, list[dict]],
+    orders: list[list[str]],
+    order_words: str,
+    env: dict,
+    one_process_per_run: bool,
+    processes: tuple[int, int],
+    loss: dict | None,
+) -> dict:
+    """The results dict from the runs finished so far (`runs`: each scenario's results in repeat order), of
+    `processes` = (finished, planned) worker processes: a command cut short keeps what it measured."""
+    done = {name: results for name, results in runs.items() if results}
+    summary = {name: summarize(results) for name, results in done.items()}
+    report = {"settings": settings(opts), "environment": env, "runs": summary}
+    finished, planned = processes
+    words = conditions(opts, next(iter(summary.values()))["vocab_size"], one_process_per_run, order_words)
+    if finished < planned:
+        words += f" Cut short: {finished} of {planned} worker processes finished."
+    report["conditions"] = words
+    report["processes"] = {"finished": finished, "planned": planned}
+    report["orders"] = orders
+    report["per_repeat"] = {name: [r["step_times_s"] for r in results] for name, results in done.items()}
+    report["per_repeat_breakdown_s"] = {name: [r["breakdown_s"] for r in results] for name, results in done.items()}
+    report["ratios"] = ratios(done)
+    aa = report["ratios"].get(COMPARISONS[0][0])
+    report["noise_band"] = None if aa is None or aa["repeats"] < 2 else aa["band"]
+    report["loss_only"] = loss
+    report["targets"] = targets(
+        summary, done, report["ratios"], report["noise_band"], loss, opts.lora, opts.device == "cuda"
+    )
+    return report
+
+
+def write_json(path, report: dict) -> None:
+    """`report` to `path` whole or not at all (a temporary file renamed over it): a command killed while it writes
+    leaves the previous one."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    os.replace(tmp, path)
 
 
 def _scenarios(names) -> list[str]:
@@ -447,7 +539,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: checks that the command works")
     parser.add_argument("--device", default="cuda" if _cuda_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument(
-        "--repeats", type=int, default=3, help="repeats of each run, in rotated order (medians and ranges reported)"
+        "--repeats",
+        type=int,
+        default=3,
+        help="repeats of each run (medians, ranges and 95 %% intervals reported); a multiple of the runs orders them "
+        "in a Williams design, else in rotated order",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="the weights as loaded by both trainers (and saved in --model-dir): bfloat16 as users load a model to "
+        "train on a GPU",
     )
     parser.add_argument(
         "--scenarios",

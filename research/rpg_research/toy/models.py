@@ -91,10 +91,13 @@ def build_sized_model(seed: int, sizes: dict[str, dict], size: str, alphabet: st
     return build_tiny_qwen3(tokenizer, seed=seed, **sizes[size]), tokenizer
 
 
-def save_tiny_model(path, tokenizer=None, **model_kwargs) -> str:
-    """Build a tiny Qwen3 and its tokenizer and save both to `path` (a local model id for `from_pretrained`)."""
+def save_tiny_model(path, tokenizer=None, dtype: str = "float32", **model_kwargs) -> str:
+    """Build a tiny Qwen3 and its tokenizer and save both to `path` (a local model id for `from_pretrained`), the
+    weights in `dtype` (a torch dtype's name)."""
+    import torch
+
     tokenizer = tokenizer or build_char_tokenizer()
-    model = build_tiny_qwen3(tokenizer, **model_kwargs)
+    model = build_tiny_qwen3(tokenizer, **model_kwargs).to(getattr(torch, dtype))
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path)

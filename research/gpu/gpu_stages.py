@@ -303,6 +303,9 @@ def _bench_tables(reports: list[dict]) -> list[str]:
                 f"{', training mode' if loss.get('model_training') else ''}: RPG {loss['rpg_loss_s'] * 1e3:.2f} ms, "
                 f"GRPO {loss['grpo_loss_s'] * 1e3:.2f} ms, ratio {loss['ratio']:.3f}"
             )
+            from rpg_research.cli.bench_speed_report import loss_details
+
+            losses += loss_details(loss)
         if all("breakdown_s" in run for run in report["runs"].values()):  # bench-speed since 2026-11-26
             from rpg_research.cli.bench_speed_report import breakdown_table
 

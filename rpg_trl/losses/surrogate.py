@@ -387,7 +387,8 @@ def diagnostic_metrics(parts: torch.Tensor) -> dict[str, torch.Tensor]:
         std = (m2 / safe_count).clamp(min=0.0).sqrt()
         ess = torch.exp(2.0 * log_sum - log_sum_sq - torch.log(safe_count))  # NaN without a completion: replaced
         total = kl_abs + reward_abs
-        share = torch.where(total > 0, kl_abs / torch.where(total > 0, total, 1.0), 0.0)
+        weighted = total > 0
+        share = torch.where(weighted, kl_abs / torch.where(weighted, total, 1.0), 0.0)
         per_sequence = torch.where(count > 0, torch.stack([largest, smallest, std, ess]), math.nan)
         values = (*per_sequence.unbind(), torch.where(num_tokens > 0, share, math.nan))
         return dict(zip(DIAGNOSTIC_METRICS, values, strict=True))

@@ -8,10 +8,13 @@ range, and the median of the per-round ratios with their range."""
 
 from __future__ import annotations
 
+import math
 import shutil
 import statistics
 import tempfile
 from pathlib import Path
+
+from .protocol import mean_interval
 
 
 def loss_only(opts) -> dict:
@@ -113,6 +116,14 @@ def _time(opts, trainers: dict, inputs: dict, logps_value) -> dict:
                 rounds[name].append(seconds)
     ratios = [r / g for r, g in zip(rounds["rpg"], rounds["grpo"])]
     result = {"rounds": opts.loss_repeats, "calls_per_round": opts.loss_number, "timer": "torch.utils.benchmark.Timer"}
+    # The rounds are paired (the two losses alternate within a round): the mean of the per-round ratios with its 95 %
+    # Student-t interval, and the rounds in which RPG's loss was the slower.
+    mean, half_width = mean_interval(ratios) if ratios else (math.nan, math.nan)
+    result["ratio_mean"], result["ratio_half_width"] = mean, half_width
+    result["rpg_slower_rounds"] = sum(ratio > 1 for ratio in ratios)
+    # What each loss asks of the device in one call, forward and backward (counted once, untimed).
+    for name, (trainer, holder) in trainers.items():
+        result[f"{name}_dispatch"] = dispatch_counts(lambda: step(trainer, holder))
     for name, values in rounds.items():
         result[f"{name}_loss_s"] = statistics.median(values)
         result[f"{name}_loss_iqr_s"] = _iqr(values)
@@ -121,6 +132,40 @@ def _time(opts, trainers: dict, inputs: dict, logps_value) -> dict:
     result["ratio_per_round"] = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
     result["model_training"] = all(all(holder["training"]) for _, holder in trainers.values())
     return result
+
+
+#: Operators that launch no kernel on the device: views and metadata, and the scalars PyTorch wraps on the host.
+NO_KERNEL = frozenset(
+    "detach select unbind view slice expand unsqueeze squeeze alias t transpose permute as_strided _unsafe_view "
+    "_reshape_alias split scalar_tensor promote_types lift_fresh".split()
+)
+#: Operators that make the host wait for the device: a value read on the host, or an output whose size depends on
+#: the data.
+WAITS = frozenset(("_local_scalar_dense", "nonzero", "masked_select"))
+
+
+def dispatch_counts(call) -> dict:
+    """What `call()` asks of the device, counted at the ATen dispatcher (the same on CPU and CUDA, up to the kernels
+    each backend fuses): `operators` (every ATen operator dispatched), `kernels` (those that launch one on the device:
+    not the views and metadata of [`NO_KERNEL`]), `waits` (those of [`WAITS`], each a synchronisation; a copy to the
+    host, e.g. `.tolist()`, is counted under `copies_to_host`), and `copies_to_host`."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    counts = {"operators": 0, "kernels": 0, "waits": 0, "copies_to_host": 0}
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            counts["operators"] += 1
+            counts["kernels"] += name not in NO_KERNEL
+            counts["waits"] += name in WAITS
+            device = (kwargs or {}).get("device")
+            counts["copies_to_host"] += name == "_to_copy" and device is not None and str(device) == "cpu"
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        call()
+    return counts
 
 
 def _iqr(values: list[float]) -> float:

@@ -17,7 +17,8 @@ with a 95 % Student-t interval, for
 * (b) RPG with a reference model vs the same GRPO (equal settings): target, no difference detected (the ratio's
   interval holds 1.00; the A/A pair's interval says how large a difference the repeats could detect),
 * (c) the loss alone on large tensors (default B=64, T=4096), in training mode ([`rpg_research.cli.bench_loss`]):
-  target, <= 1.05 x GRPO's,
+  target, the mean of the paired rounds' ratios <= 1.00 (with its 95 % interval, and what each loss dispatches:
+  operators, kernels, waits for the device),
 
 and where a step's time goes (each phase timed between device synchronisations), with the differences that explain a
 missed target (the report: [`rpg_research.cli.bench_speed_report`]). Peak memory is `torch.cuda.max_memory_allocated` on CUDA and the process's peak resident set size on

@@ -148,6 +148,9 @@ def _metrics_only(log: dict) -> dict:
 #:   the resume (from the run's own checkpoint) only since step 11, so an exact resume stays within R. Single steps are
 #:   single draws of that noise: R is the repeat's largest over the steps, not its value at the same step. 2**-7 is
 #:   bf16's relative spacing (8 significant bits), for the case where the repeat happens to agree bit for bit.
+#: On the GPU the noise can reach the samples too (a token drawn near a boundary of its distribution, from weights a
+#: rounding apart): where the repeat's own batches first differ from the run's at step F, the resumed steps from F on
+#: are not required to match either (their losses are still held to R). In float32 every step must match.
 #: LOSS_FLOOR: the loss is the token mean of terms of order 1 (normalised advantages times importance weights near 1)
 #: that cancel to ~1e-4 and less, so float32 leaves an absolute error of about 2**-23 whatever the loss's size.
 RELATIVE = {"float32": 2**-23, "bf16": 2**-7}
@@ -174,19 +177,20 @@ def resume_verdict(run: dict, resumed: dict, repeat: dict | None, batches: dict,
     """Whether steps 11-20 of the resumed run repeat the uninterrupted run's (the rule above RELATIVE). `run`,
     `resumed`, `repeat`: step -> logged metrics (`_history`); `batches`: run name -> step -> digests (`_batches`)."""
     verdict = {"precision": precision, "rule": ""}
-    mismatched = [s for s in RESUMED_STEPS if batches["run"].get(s) != batches["resumed"].get(s)]
-    verdict["same_batches"] = not mismatched and all(batches["run"].get(s) for s in RESUMED_STEPS)
+    first_other = None
+    if "repeat" in batches:
+        first_other = next((s for s in sorted(batches["run"]) if batches["run"][s] != batches["repeat"].get(s)), None)
+        verdict["repeat_first_step_other_batches"] = first_other
+    exact = [s for s in RESUMED_STEPS if precision != "bf16" or first_other is None or s < first_other]
+    verdict["steps_compared_exactly"] = exact
+    mismatched = [s for s in exact if batches["run"].get(s) != batches["resumed"].get(s)]
+    verdict["same_batches"] = not mismatched and all(batches["run"].get(s) for s in exact)
     verdict["steps_with_other_batches"] = mismatched
     verdict["same_advantages"] = all(
-        [b[2] for b in batches["run"].get(s, [])] == [b[2] for b in batches["resumed"].get(s, [])]
-        for s in RESUMED_STEPS
+        [b[2] for b in batches["run"].get(s, [])] == [b[2] for b in batches["resumed"].get(s, [])] for s in exact
     )
-    if "repeat" in batches:
-        verdict["repeat_first_step_other_batches"] = next(
-            (s for s in sorted(batches["run"]) if batches["run"][s] != batches["repeat"].get(s)), None
-        )
     differing = []
-    for step in RESUMED_STEPS:
+    for step in exact:
         keys = {k for k in run[step] if k.startswith(GENERATION_KEYS)} | {
             k for k in resumed[step] if k.startswith(GENERATION_KEYS)
         }
@@ -198,7 +202,8 @@ def resume_verdict(run: dict, resumed: dict, repeat: dict | None, batches: dict,
         yardstick = max(abs(run[s]["loss"] - repeat[s]["loss"]) for s in RESUMED_STEPS)
     verdict["yardstick"] = yardstick
     verdict["rule"] = (
-        "same batches and generation metrics at steps 11-20; |loss_resumed - loss_run| <= "
+        f"same batches and generation metrics at steps {exact[0]}-{exact[-1]}; " * bool(exact)
+        + "|loss_resumed - loss_run| <= "
         + (f"max(R = {yardstick:.3g}, " if precision == "bf16" else "")
         + f"2**{round(math.log2(RELATIVE[precision]))} x max|loss| + 2**-23"
         + (")" if precision == "bf16" else "")
@@ -381,7 +386,8 @@ def summary(results: str) -> str:
             worst = max(verdict["losses"], key=lambda x: x["difference"] / x["tolerance"])
             lines.append(
                 f"e2e resume verdict ({verdict['precision']}): {'passed' if verdict['passed'] else 'FAILED'}: same "
-                f"batches at steps 11-20 {verdict['same_batches']}, same generation metrics "
+                f"batches at steps {verdict.get('steps_compared_exactly', '11-20')} {verdict['same_batches']}, "
+                f"same generation metrics "
                 f"{verdict['same_generation_metrics']}, losses within tolerance {verdict['losses_within_tolerance']} "
                 f"(largest |difference| / tolerance {worst['difference'] / worst['tolerance']:.3g}, at step "
                 f"{worst['step']}); rule: {verdict['rule']}"

@@ -166,7 +166,7 @@ def run_launch(cmd) -> subprocess.CompletedProcess:
     """`cmd` in a session of its own (the launcher and its worker end together), ended past `launch_timeout()`: the
     test fails saying so, with the output so far, instead of being killed unheard with the stage."""
     timeout, why = launch_timeout()
-    if timeout < 10:
+    if timeout < 10 and why != "LAUNCH_TIMEOUT":  # too little left for a launch to start (about 10 s on CPU)
         pytest.fail(
             f"not launched: {timeout + LAUNCH_MARGIN:.0f} s left before the stage's deadline (RPG_STAGE_DEADLINE)"
         )

@@ -3,8 +3,9 @@
 tests stage): what survives a stage cut at its deadline, and a per-test time limit that stays inside it.
 
 - `RPG_TEST_TIMES=PATH`: one JSON line per test, written and flushed as the test's call ends (or its set-up fails or
-  skips), and one for a teardown that fails: nodeid, outcome, phase, the call's and the set-up's seconds. The first
-  line lists the tests collected, so that research/gpu/gpu_stages.py can say which had not finished. pytest writes its JUnit XML only at its end, which a
+  skips), and one for a teardown that fails: nodeid, outcome, phase, the call's and the set-up's seconds, and the
+  reason of a failure or a skip. The first line lists the tests collected, so that
+  research/gpu/gpu_stages.py can say which had not finished. pytest writes its JUnit XML only at its end, which a
   stage killed at its deadline never reaches (the GPU run of 2026-11-27 lost every test's time so).
 - `RPG_STAGE_DEADLINE=EPOCH_SECONDS`: each test's pytest-timeout limit (its mark or --timeout) is cut to the seconds
   left before the deadline less DEADLINE_MARGIN, so that a test past it fails alone and pytest still ends by itself,
@@ -51,17 +52,23 @@ def pytest_runtest_logreport(report):
             return
     elif report.when == "teardown" and report.passed:
         return
-    _append(
-        path,
-        {
-            "nodeid": report.nodeid,
-            "outcome": report.outcome,
-            "when": report.when,
-            "duration": round(report.duration, 3) if report.when == "call" else 0.0,
-            "setup": round(_SETUP_SECONDS.pop(report.nodeid, 0.0), 3),
-            "end": round(time.time(), 3),
-        },
-    )
+    record = {
+        "nodeid": report.nodeid,
+        "outcome": report.outcome,
+        "when": report.when,
+        "duration": round(report.duration, 3) if report.when == "call" else 0.0,
+        "setup": round(_SETUP_SECONDS.pop(report.nodeid, 0.0), 3),
+        "end": round(time.time(), 3),
+    }
+    if not report.passed:  # pytest prints its reasons at its end, which a cut stage never reaches
+        crash = getattr(report.longrepr, "reprcrash", None)
+        if crash is not None:
+            record["message"] = crash.message[:500]
+        elif isinstance(report.longrepr, tuple):  # a skip: (path, line, reason)
+            record["message"] = str(report.longrepr[2])[:500]
+        else:
+            record["message"] = report.longreprtext.strip()[-500:]
+    _append(path, record)
 
 
 _SETUP_SECONDS: dict[str, float] = {}

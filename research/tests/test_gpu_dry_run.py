@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -223,6 +224,45 @@ def test_per_test_times_survive_a_cut_and_name_the_unfinished(pytester, monkeypa
     (tmp_path / "results_times").rename(results / "pytest_gpu_times.jsonl")
     text = gpu_stages.summary(str(results))
     assert "| test_three.py::test_b | skipped |" in text and "| test_three.py::test_c | not finished | | |" in text
+
+
+def test_each_tests_limit_stays_inside_the_stages_deadline(pytester, monkeypatch):
+    """research/gpu/pytest_times.py cuts pytest-timeout's per-test limit (here a stand-in plugin named `timeout` with
+    its --timeout) to the seconds left before RPG_STAGE_DEADLINE less its margin, and leaves a smaller one alone."""
+    monkeypatch.syspath_prepend(str(ROOT / "research" / "gpu"))
+    monkeypatch.delenv("RPG_TEST_TIMES", raising=False)
+    monkeypatch.setenv("RPG_STAGE_DEADLINE", str(time.time() + 40))
+    pytester.syspathinsert()
+    pytester.makepyfile(
+        timeout="""
+        def pytest_addoption(parser):
+            parser.addoption("--timeout", type=float, default=None)
+        def pytest_configure(config):
+            config.addinivalue_line("markers", "timeout(seconds): the test's limit")
+        """,
+        test_limit="""
+        def test_limit(request):
+            marker = request.node.get_closest_marker("timeout")
+            print("LIMIT", marker.args[0] if marker else request.config.getoption("timeout"))
+        """,
+    )
+    for given, low, high in [(150, 25, 30), (5, 5, 5)]:
+        result = pytester.runpytest_inprocess(
+            "-p",
+            "timeout",
+            "-p",
+            "pytest_times",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:benchmark",
+            "-s",
+            "--timeout",
+            str(given),
+        )
+        result.assert_outcomes(passed=1)
+        limit = float(result.stdout.str().split("LIMIT ")[1].split()[0])
+        assert low <= limit <= high, (given, limit)
 
 
 @pytest.mark.slow

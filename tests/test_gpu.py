@@ -5,7 +5,9 @@ wheels a machine without network needs). The model is a randomly initialised Qwe
 locally (no download), with a character tokenizer; every divergence x estimator trains in bf16 with gradient
 checkpointing; LoRA trains with the "ref" adapter as the synced reference; DeepSpeed ZeRO-2 and ZeRO-3 run through
 `accelerate launch` with the configs of `accelerate_configs/` (one launch each: ZeRO-2 with the sampling anchor, ZeRO-3
-with a reference model; `accelerate launch` without DeepSpeed is research/gpu/gpu_run.sh's e2e stage).
+with a reference model; `accelerate launch` without DeepSpeed is research/gpu/gpu_run.sh's e2e stage). The launches
+come first in the file (pytest runs it in order): the longest tests, the ones a stage cut at its deadline lost once,
+each ended at the stage's deadline (RPG_STAGE_DEADLINE) with a message rather than killed with pytest.
 
 Dry run on CPU: `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` runs the same test functions, unmarked, on
 the CPU with the tiny Qwen3 of `rpg_research.toy` (still bf16 autocast and gradient checkpointing, fewer steps), so that
@@ -22,6 +24,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -31,6 +34,7 @@ from rpg_research.toy.training import activation_checkpointing
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
 
+from helpers import sessions
 from helpers.tiny_runs import PROMPTS
 
 
@@ -102,6 +106,109 @@ def logged(trainer, key):
     return [h[key] for h in trainer.state.log_history if key in h]
 
 
+TRAIN_SCRIPT = textwrap.dedent("""
+    import json, math, sys
+    from datasets import Dataset
+    from rpg_trl import RPGConfig, RPGTrainer
+    from rpg_research.toy import build_char_tokenizer
+    from rpg_research.toy.training import activation_checkpointing
+
+    model_dir, out_dir, anchor, use_cpu = sys.argv[1:5]
+    ds = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
+    args = RPGConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=4, max_completion_length=16,
+                     steps_per_generation=2, max_steps=4, learning_rate=1e-5, bf16=True, **activation_checkpointing(True),
+                     use_cpu=use_cpu == "1", kl_anchor=anchor, beta=1e-3, report_to="none", save_strategy="no",
+                     logging_steps=1)
+    trainer = RPGTrainer(model_dir, lambda completions, **kw: [c.count("7") / 16 for c in completions], args=args,
+                         train_dataset=ds, processing_class=build_char_tokenizer())
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
+    print(json.dumps({"losses": losses, "finite": all(math.isfinite(x) for x in losses + kls),
+                      "distributed_type": str(trainer.accelerator.distributed_type),
+                      "has_ref_model": trainer.ref_model is not None}))
+""")
+#: Kept under its first name for anything that imports it.
+DEEPSPEED_SCRIPT = TRAIN_SCRIPT
+
+
+def _zero_stage_skip(stage):
+    if stage and importlib.util.find_spec("deepspeed") is None:
+        return "deepspeed is not installed (research/gpu/gpu_run.sh carries its wheel)"
+    return None
+
+
+#: (ZeRO stage, KL anchor) of each launch: on the GPU, ZeRO-2 with the one model of the sampling anchor and ZeRO-3 with
+#: a reference model (partitioned beside the policy); `accelerate launch` without DeepSpeed is gpu_run.sh's e2e stage.
+#: The dry run (CPU: no ZeRO here) launches the same script once without DeepSpeed.
+ZERO_CASES = [(0, "reference")] if DRY_RUN else [(2, "sampling"), (3, "reference")]
+#: Seconds allowed to one `accelerate launch` (a 4-step run; about 30-60 s on one H100 by estimate, 20 s on CPU in the
+#: dry run), so that a hung launch fails its test instead of the whole GPU call.
+LAUNCH_TIMEOUT = int(os.environ.get("RPG_GPU_LAUNCH_TIMEOUT", "300" if DRY_RUN else "120"))
+#: Seconds kept before the stage's deadline (RPG_STAGE_DEADLINE, set by research/gpu/gpu_run.sh): a launch past its
+#: time is ended (SIGTERM, then SIGKILL after helpers.sessions' 5 s) and its test fails with its output, within
+#: pytest-timeout's limit (research/gpu/pytest_times.py keeps 10 s) and before the stage's deadline ends pytest unheard.
+LAUNCH_MARGIN = 20
+
+
+def launch_timeout() -> tuple[float, str]:
+    """The seconds one launch may take: LAUNCH_TIMEOUT, or less where the stage's deadline is nearer; and why."""
+    deadline = os.environ.get("RPG_STAGE_DEADLINE")
+    if not deadline:
+        return LAUNCH_TIMEOUT, "LAUNCH_TIMEOUT"
+    left = float(deadline) - time.time() - LAUNCH_MARGIN
+    if left < LAUNCH_TIMEOUT:
+        return left, f"the stage's deadline (RPG_STAGE_DEADLINE) less {LAUNCH_MARGIN} s"
+    return LAUNCH_TIMEOUT, "LAUNCH_TIMEOUT"
+
+
+def run_launch(cmd) -> subprocess.CompletedProcess:
+    """`cmd` in a session of its own (the launcher and its worker end together), ended past `launch_timeout()`: the
+    test fails saying so, with the output so far, instead of being killed unheard with the stage."""
+    timeout, why = launch_timeout()
+    if timeout < 10 and why != "LAUNCH_TIMEOUT":  # too little left for a launch to start (about 10 s on CPU)
+        pytest.fail(
+            f"not launched: {timeout + LAUNCH_MARGIN:.0f} s left before the stage's deadline (RPG_STAGE_DEADLINE)"
+        )
+    process = sessions.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        sessions.stop_all()
+        stdout, stderr = process.communicate()
+        pytest.fail(
+            f"accelerate launch did not finish in {timeout:.0f} s ({why}); ended.\nstdout: {stdout[-2000:]}\n"
+            f"stderr: {stderr[-4000:]}"
+        )
+    return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
+
+
+@pytest.mark.slow  # it starts a process: unmarked, tests/helpers/tiers.py fails it at its teardown
+@pytest.mark.parametrize("stage, anchor", ZERO_CASES)
+def test_deepspeed_zero_single_process(half_b_model_dir, tmp_path, stage, anchor):
+    """`accelerate launch --num_processes 1` of a 4-step bf16 run with DeepSpeed ZeRO-2 or ZeRO-3 (the configs of
+    `accelerate_configs/`), or, in the dry run, stage 0: the same script without DeepSpeed."""
+    reason = _zero_stage_skip(stage)
+    if reason:
+        pytest.skip(reason)
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    if stage:
+        config = os.path.join(os.path.dirname(__file__), "..", "accelerate_configs", f"deepspeed_zero{stage}.yaml")
+        launcher = ["--config_file", config]
+    else:
+        launcher = ["--num_machines", "1", "--dynamo_backend", "no"]
+        launcher += ["--cpu", "--mixed_precision", "bf16"] if DRY_RUN else ["--mixed_precision", "bf16"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "1", str(script)]
+    cmd += [half_b_model_dir, str(tmp_path / "out"), anchor, "1" if DRY_RUN else "0"]
+    proc = run_launch(cmd)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["finite"] and len(result["losses"]) == 4
+    assert ("DEEPSPEED" in result["distributed_type"]) == (stage > 0), result["distributed_type"]
+    assert result["has_ref_model"] == (anchor == "reference")
+
+
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 @pytest.mark.parametrize("divergence", DIVERGENCES)
 def test_bf16_every_variant_finite_with_gradient_checkpointing(half_b_model_dir, tmp_path, divergence, estimator):
@@ -165,72 +272,6 @@ def test_lora_one_gpu_with_ref_adapter_sync(half_b_model_dir, tmp_path):
         assert not params[ref_name].requires_grad and params[name].requires_grad
     # A sync copies the trained adapter into "ref": some pair differs from LoRA's initialisation (B = 0).
     assert any(params[ref_name].abs().sum() > 0 for name, ref_name in pairs if "lora_B" in name)
-
-
-TRAIN_SCRIPT = textwrap.dedent("""
-    import json, math, sys
-    from datasets import Dataset
-    from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_research.toy import build_char_tokenizer
-    from rpg_research.toy.training import activation_checkpointing
-
-    model_dir, out_dir, anchor, use_cpu = sys.argv[1:5]
-    ds = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
-    args = RPGConfig(output_dir=out_dir, per_device_train_batch_size=8, num_generations=4, max_completion_length=16,
-                     steps_per_generation=2, max_steps=4, learning_rate=1e-5, bf16=True, **activation_checkpointing(True),
-                     use_cpu=use_cpu == "1", kl_anchor=anchor, beta=1e-3, report_to="none", save_strategy="no",
-                     logging_steps=1)
-    trainer = RPGTrainer(model_dir, lambda completions, **kw: [c.count("7") / 16 for c in completions], args=args,
-                         train_dataset=ds, processing_class=build_char_tokenizer())
-    trainer.train()
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    kls = [h["kl"] for h in trainer.state.log_history if "kl" in h]
-    print(json.dumps({"losses": losses, "finite": all(math.isfinite(x) for x in losses + kls),
-                      "distributed_type": str(trainer.accelerator.distributed_type),
-                      "has_ref_model": trainer.ref_model is not None}))
-""")
-#: Kept under its first name for anything that imports it.
-DEEPSPEED_SCRIPT = TRAIN_SCRIPT
-
-
-def _zero_stage_skip(stage):
-    if stage and importlib.util.find_spec("deepspeed") is None:
-        return "deepspeed is not installed (research/gpu/gpu_run.sh carries its wheel)"
-    return None
-
-
-#: (ZeRO stage, KL anchor) of each launch: on the GPU, ZeRO-2 with the one model of the sampling anchor and ZeRO-3 with
-#: a reference model (partitioned beside the policy); `accelerate launch` without DeepSpeed is gpu_run.sh's e2e stage.
-#: The dry run (CPU: no ZeRO here) launches the same script once without DeepSpeed.
-ZERO_CASES = [(0, "reference")] if DRY_RUN else [(2, "sampling"), (3, "reference")]
-#: Seconds allowed to one `accelerate launch` (a 4-step run; about 30-60 s on one H100 by estimate, 20 s on CPU in the
-#: dry run), so that a hung launch fails its test instead of the whole GPU call.
-LAUNCH_TIMEOUT = int(os.environ.get("RPG_GPU_LAUNCH_TIMEOUT", "300" if DRY_RUN else "120"))
-
-
-@pytest.mark.parametrize("stage, anchor", ZERO_CASES)
-def test_deepspeed_zero_single_process(half_b_model_dir, tmp_path, stage, anchor):
-    """`accelerate launch --num_processes 1` of a 4-step bf16 run with DeepSpeed ZeRO-2 or ZeRO-3 (the configs of
-    `accelerate_configs/`), or, in the dry run, stage 0: the same script without DeepSpeed."""
-    reason = _zero_stage_skip(stage)
-    if reason:
-        pytest.skip(reason)
-    script = tmp_path / "train.py"
-    script.write_text(TRAIN_SCRIPT)
-    if stage:
-        config = os.path.join(os.path.dirname(__file__), "..", "accelerate_configs", f"deepspeed_zero{stage}.yaml")
-        launcher = ["--config_file", config]
-    else:
-        launcher = ["--num_machines", "1", "--dynamo_backend", "no"]
-        launcher += ["--cpu", "--mixed_precision", "bf16"] if DRY_RUN else ["--mixed_precision", "bf16"]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *launcher, "--num_processes", "1", str(script)]
-    cmd += [half_b_model_dir, str(tmp_path / "out"), anchor, "1" if DRY_RUN else "0"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["finite"] and len(result["losses"]) == 4
-    assert ("DEEPSPEED" in result["distributed_type"]) == (stage > 0), result["distributed_type"]
-    assert result["has_ref_model"] == (anchor == "reference")
 
 
 def test_cuda_is_really_used():

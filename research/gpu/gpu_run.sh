@@ -8,15 +8,21 @@
 #             the same reference), full fine-tuning and LoRA, 400 steps (the demo's): 12 runs at once on the GPU (one
 #             process each), held-out accuracy before, during and after; learning.md, learning.json and
 #             learning_curves.png (where matplotlib is).
-#   e2e       examples/rpg_math.py under `accelerate launch --num_processes 1`, transformers generation (no vLLM), on a
+#   e2e       examples/rpg_math.py (through research/gpu/e2e_train.py, which runs it unchanged and notes a digest of
+#             each step's batch) under `accelerate launch --num_processes 1`, transformers generation (no vLLM), on a
 #             locally built ~31M-parameter Qwen3 (hidden 512 x 8 layers, random weights, character tokenizer; the tiny
 #             one in the dry run) and a small local math parquet in the authors' (verl) schema: 20 steps with
 #             checkpoints at 10 and 20 (and the same run again, beside it: the yardstick of the resume, as two runs
 #             with one seed may differ on a GPU), then a resume from checkpoint-10 to 20; checks that the logs show the
-#             RPG metrics (kl, clip_ratio/dual_mean, importance_weight/max) at every step.
-#   tests     python -m pytest -q -m gpu tests/test_gpu.py on a ~0.5B Qwen3 (bf16 every divergence x estimator with
-#             gradient checkpointing, the reward rising, LoRA with the "ref" adapter sync, DeepSpeed ZeRO-2 and ZeRO-3
-#             under `accelerate launch`); fails if any test skips.
+#             RPG metrics (kl, clip_ratio/dual_mean, importance_weight/max) at every step, and judges the resume
+#             (e2e_summary.json's resume_verdict, the rule at research/gpu/gpu_stages.py's RELATIVE): the same batches
+#             and generation metrics at steps 11-20, the losses within the repeat's spread or bf16's rounding (exact to
+#             float32's in the dry run); a failed verdict fails the stage.
+#   tests     python -m pytest -v -m gpu tests/test_gpu.py on a ~0.5B Qwen3 (DeepSpeed ZeRO-2 and ZeRO-3 under
+#             `accelerate launch` first, then bf16 every divergence x estimator with gradient checkpointing, the reward
+#             rising, LoRA with the "ref" adapter sync), each test's seconds shown as it ends and written as it ends
+#             to pytest_gpu_times.jsonl (research/gpu/pytest_times.py: what a cut leaves), each test's limit and the
+#             launches' kept inside the stage's deadline; fails if any test skips or did not finish.
 #   bench-1k, bench-4k
 #             rpg-trl bench-speed --device cuda at 1024 / 4096 completion tokens, full fine-tuning and LoRA, on a ~0.6B
 #             Qwen3 with Qwen3's vocabulary (151,936; random weights, fixed synthetic completions: generation not
@@ -27,15 +33,21 @@
 #             and RPG sequence (kl_level="sequence") at learning rate 3e-4, 32 steps each, 16 per generation, both at
 #             once on the GPU; one seed, not a comparison. In a call of its own (`--stages long`, at most 5 minutes).
 #
-# Each stage runs under a deadline (--limits; defaults below) and the results are summarised and archived after each
-# stage and at exit, so a call cut short still brings back what it finished. Everything lands in the results folder
+# --stages lists groups, in order, joined by ","; the stages of a group, joined by "+", run at the same time (none of
+# them a timing: the bench stages run alone): `--stages learn+tests+e2e` runs the three side by side, `--stages
+# bench-1k,bench-4k` one after the other. The groups run in the order of their earliest stage in learn, e2e, tests,
+# bench-1k, bench-4k, long, whatever the order given. Each stage runs under its own deadline (--limits; defaults
+# below; counted from its group's start), gets its own line in stages.tsv and fails alone; beside others its output
+# goes to NAME.console.log. The results are summarised and archived as each stage ends and at exit (a TERM included: the
+# stages still running are ended, exit status 143), so a call cut short still brings back what it finished. Everything
+# lands in the results folder
 # (default gpu_results/<UTC date and time>): image.json (the versions found before anything is installed), env.json
 # (device, driver, CUDA, versions, date, commit), stages.tsv (each stage's exit status, seconds and deadline), logs,
 # JSON, pytest's JUnit XML and summary.md (the tables of research/docs/benchmarks.md). --archive FILE packs the folder into one
 # .tar.gz (the device tool brings back files written under $OUT: use --archive "$OUT/NAME.tar.gz").
 #
 # Usage:
-#   bash research/gpu/gpu_run.sh [--dry-run] [--stages learn,e2e,tests,bench-1k,bench-4k,long] [--results DIR]
+#   bash research/gpu/gpu_run.sh [--dry-run] [--stages learn+tests+e2e,bench-1k,bench-4k,long] [--results DIR]
 #                            [--archive FILE]
 #                            [--bench-repeats N] [--bench-modes full,lora] [--wheels DIR] [--limits STAGE=S,...]
 #   bash research/gpu/gpu_run.sh --fetch-wheels [--wheels DIR]
@@ -75,7 +87,7 @@ BENCH_MODES="full,lora"
 BENCH_MODES_SET=0
 LIMITS=""
 
-usage() { sed -n '33,36p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '/^# Usage:/,/^#   bash .* --fetch-wheels/p' "$0" | sed 's/^# \{0,1\}//'; }
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -135,32 +147,55 @@ if [[ $FETCH == 1 ]]; then
     exit 0
 fi
 
-has_stage() { [[ ",$STAGES," == *",$1,"* ]]; }
-for stage in ${STAGES//,/ }; do
-    case "$stage" in learn | e2e | tests | bench-1k | bench-4k | long) ;; *) echo "gpu_run.sh: unknown stage $stage" >&2; exit 2 ;; esac
+# --stages: groups in order, joined by ","; the members of a group, joined by "+", run at once.
+has_stage() { [[ ",${STAGES//+/,}," == *",$1,"* ]]; }
+group_of() {  # group_of STAGE: the members of STAGE's group, one a line
+    local group
+    for group in ${STAGES//,/ }; do
+        if [[ "+$group+" == *"+$1+"* ]]; then printf '%s\n' ${group//+/ }; fi
+    done
+}
+declare -A SEEN
+for group in ${STAGES//,/ }; do
+    for stage in ${group//+/ }; do
+        case "$stage" in learn | e2e | tests | bench-1k | bench-4k | long) ;; *) echo "gpu_run.sh: unknown stage $stage" >&2; exit 2 ;; esac
+        [[ -z ${SEEN[$stage]+x} ]] || { echo "gpu_run.sh: stage $stage given twice" >&2; exit 2; }
+        SEEN[$stage]=1
+        # The bench stages time: beside another stage their figures would measure the sharing.
+        if [[ $group == *+* && $stage == bench-* ]]; then
+            echo "gpu_run.sh: $stage times steps: it runs alone, not in a group ($group)" >&2
+            exit 2
+        fi
+    done
 done
 
 # ------------------------------------------------------------------------------------------------------ deadlines
-# Seconds per stage, `setup` included (the install and the checks before the first stage). On the GPU: call 1
-# (learn,tests) 30+195+135 = 360 s, call 2 (bench-1k,bench-4k) 30+300+90 = 420 s, each 30 s inside its device call's
-# timeout_s for the summary and the archive (research/docs/benchmarks.md). The dry run on 2 CPU cores takes longer.
-# --limits learn=200,tests=300 overrides some.
+# Seconds per stage, `setup` included (the install and the checks before the first stage), each counted from the start
+# of the stage's group. On the GPU: call 1 (learn+tests+e2e) 30+max(195,240,150) = 270 s, call 2 (bench-1k,bench-4k)
+# 30+300+90 = 420 s, each 30 s inside its device call's timeout_s for the summary and the archive
+# (research/docs/benchmarks.md). Alone on the H200, learn took 117 s, tests 117 s and e2e 76 s; side by side they
+# share the GPU and the 16 cores, hence the room. The dry run on 2 CPU cores takes longer. --limits learn=200,tests=300
+# overrides some.
 declare -A LIMIT
 if [[ $DRY_RUN == 1 ]]; then
     LIMIT=([setup]=300 [learn]=900 [e2e]=600 [tests]=900 [bench-1k]=900 [bench-4k]=600 [long]=900)
 else
-    LIMIT=([setup]=30 [learn]=195 [e2e]=120 [tests]=135 [bench-1k]=300 [bench-4k]=90 [long]=240)
+    LIMIT=([setup]=30 [learn]=195 [e2e]=150 [tests]=240 [bench-1k]=300 [bench-4k]=90 [long]=240)
 fi
 for item in ${LIMITS//,/ }; do
     [[ $item == *=* && -n ${LIMIT[${item%%=*}]+x} ]] || { echo "gpu_run.sh: bad --limits entry $item" >&2; exit 2; }
     LIMIT[${item%%=*}]="${item#*=}"
 done
-DEADLINE=0
-# limited CMD...: runs CMD (and its children) until the current stage's deadline; 124 when it is cut short.
+DEADLINE=0  # set by run_member, in each stage's own subshell
+# limited CMD...: runs CMD (and its children) until the current stage's deadline; 124 when it is cut short. Its
+# `timeout` leads a process group of its own, outside its stage's: its PID is noted for the end of the run (finish).
 limited() {
-    local left=$((DEADLINE - $(date +%s)))
+    local left=$((DEADLINE - $(date +%s))) pid
     if ((left <= 0)); then echo "gpu_run.sh: the stage's deadline has passed before: $*" >&2; return 124; fi
-    timeout --kill-after=10 "$left" "$@"
+    timeout --kill-after=10 "$left" "$@" <&0 &
+    pid=$!
+    echo "$pid" >>"$WORK/limited.pids"
+    wait "$pid"
 }
 
 # ----------------------------------------------------------------------------------------------------- environment
@@ -176,16 +211,58 @@ WORK="$(mktemp -d "${TMPDIR:-/tmp}/rpg-gpu-run.XXXXXX")"
 FAILED=()
 
 # report: summary.md from whatever the results folder holds; then the archive (written aside, then moved in place).
+# With stages still running beside, a file may change while tar reads it: tar says so with exit status 1 and the
+# archive holds the rest (the next report, at the latest at exit, takes it again).
 report() {
     "$PY" research/gpu/gpu_stages.py summary "$RESULTS" || true
     if [[ -n "$ARCHIVE" ]]; then
         mkdir -p "$(dirname "$ARCHIVE")"
-        tar czf "$ARCHIVE.part" -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")" && mv -f "$ARCHIVE.part" "$ARCHIVE"
+        local rc=0
+        tar czf "$ARCHIVE.part" --warning=no-file-changed -C "$(dirname "$RESULTS")" "$(basename "$RESULTS")" || rc=$?
+        if ((rc <= 1)); then mv -f "$ARCHIVE.part" "$ARCHIVE"; fi
     fi
+}
+# descendants PID: the processes below PID, from /proc (the image may lack procps).
+descendants() {
+    cat /proc/[0-9]*/stat 2>/dev/null | awk -v root="$1" '
+        { i = match($0, /\) [A-Za-z] -?[0-9]+/); split(substr($0, i + 2), f, " "); parent[$1] = f[2] }
+        END {
+            n = 1; todo[1] = root
+            while (n) { p = todo[n--]; for (c in parent) if (parent[c] == p) { print c; todo[++n] = c } }
+        }'
+}
+# stop_running: ends the stages still running (a TERM to the run, or its exit on an error): SIGTERM to every process
+# below this shell and to the `timeout`s of `limited` (in process groups of their own, which pass it on to theirs,
+# and may outlive a killed stage), SIGKILL to what is left after 10 s; each such stage gets exit status 143 in
+# stages.tsv.
+stop_running() {
+    local name pids=() alive=() pid waited
+    ((${#MEMBER_PID[@]})) || return 0
+    echo "gpu_run.sh: ending the stages still running: ${!MEMBER_PID[*]}" >&2
+    mapfile -t pids < <(descendants $$)
+    if [[ -f "$WORK/limited.pids" ]]; then
+        while read -r pid; do
+            [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == timeout ]] && pids+=("$pid")
+        done <"$WORK/limited.pids"
+    fi
+    kill -TERM "${pids[@]}" 2>/dev/null || true
+    for ((waited = 0; waited < 20; waited++)); do
+        alive=()
+        for pid in "${pids[@]}"; do if [[ -e /proc/$pid ]]; then alive+=("$pid"); fi; done
+        ((${#alive[@]})) || break
+        sleep 0.5
+    done
+    if ((${#alive[@]})); then kill -KILL "${alive[@]}" 2>/dev/null || true; fi
+    for name in "${!MEMBER_PID[@]}"; do
+        wait "${MEMBER_PID[$name]}" 2>/dev/null || true
+        record_member "$name" 143
+    done
 }
 finish() {
     local rc=$?
     trap - EXIT
+    trap '' TERM INT  # the end of the run itself (its stages have their own)
+    stop_running
     report
     cat "$RESULTS/summary.md" 2>/dev/null || true
     rm -rf "$WORK"
@@ -194,27 +271,75 @@ finish() {
     if ((${#FAILED[@]})); then echo "gpu_run.sh: failed stages: ${FAILED[*]}" >&2; exit 1; fi
     exit "$rc"
 }
+declare -A MEMBER_PID MEMBER_START
 trap finish EXIT
 trap 'exit 143' TERM INT
 
-# run_stage NAME FUNCTION: FUNCTION in a subshell under set -e and NAME's deadline; records it in stages.tsv (a failure
-# in FAILED too), then the summary and the archive. Not to be called where set -e is ignored (after || or in an if
-# condition), which would ignore it inside FUNCTION too.
-run_stage() {
-    local name="$1" start rc
-    start=$(date +%s)
-    DEADLINE=$((start + LIMIT[$name]))
-    echo "== $name (deadline ${LIMIT[$name]} s)"
-    set +e
-    (set -e; "$2")
-    rc=$?
-    set -e
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" "${LIMIT[$name]}" >>"$RESULTS/stages.tsv"
+# run_member NAME START: stage NAME in a background subshell under set -e, with its own deadline, START plus its
+# --limits entry (`limited` reads DEADLINE; the GPU tests read RPG_STAGE_DEADLINE: tests/test_gpu.py's launches and
+# research/gpu/pytest_times.py's per-test limit). Not to be called where set -e is ignored (after || or in an if
+# condition), which would ignore it inside the stage too.
+run_member() {
+    local name="$1"
+    MEMBER_START[$name]="$2"
+    (
+        DEADLINE=$(($2 + LIMIT[$name]))
+        export RPG_STAGE_DEADLINE=$DEADLINE
+        case "$name" in
+            setup) stage_setup ;;
+            learn) stage_learn ;;
+            e2e) stage_e2e ;;
+            tests) stage_tests ;;
+            long) stage_long ;;
+            bench-1k | bench-4k)
+                if [[ $DRY_RUN == 1 ]]; then BENCH_LENGTH=$([[ $name == bench-1k ]] && echo 16 || echo 64)
+                else BENCH_LENGTH=$([[ $name == bench-1k ]] && echo 1024 || echo 4096); fi
+                stage_bench ;;
+        esac
+    ) &
+    MEMBER_PID[$name]=$!
+}
+# record_member NAME STATUS: its line in stages.tsv (seconds from its group's start), a failure in FAILED too.
+record_member() {
+    local name="$1" rc="$2" seconds
+    seconds=$(($(date +%s) - MEMBER_START[$name]))
+    unset "MEMBER_PID[$name]"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$seconds" "${LIMIT[$name]}" >>"$RESULTS/stages.tsv"
     if ((rc != 0)); then
         FAILED+=("$name")
-        echo "gpu_run.sh: stage $name failed (exit status $rc$([[ $rc == 124 ]] && echo ': deadline reached'))" >&2
+        echo "gpu_run.sh: stage $name failed after $seconds s (exit status $rc$([[ $rc == 124 ]] &&
+            echo ': deadline reached'))" >&2
     fi
-    report
+}
+# run_group NAME...: the stages at once (one: as a sequence of groups runs them), each recorded, summarised and
+# archived as it ends, whatever the others do. Beside others a stage's output goes to NAME.console.log (its own logs as
+# alone), shown here in part if it fails.
+run_group() {
+    local start name rc
+    start=$(date +%s)
+    for name in "$@"; do
+        echo "== $name (deadline ${LIMIT[$name]} s$( (($# > 1)) && echo ", beside $*: output in $name.console.log"))"
+        if (($# > 1)); then
+            run_member "$name" "$start" >"$RESULTS/$name.console.log" 2>&1
+        else
+            run_member "$name" "$start"
+        fi
+    done
+    # Polled (each ended stage is reaped by bash, so `kill -0` fails): a TERM waits half a second at most.
+    while ((${#MEMBER_PID[@]})); do
+        sleep 0.5
+        for name in "${!MEMBER_PID[@]}"; do
+            kill -0 "${MEMBER_PID[$name]}" 2>/dev/null && continue
+            rc=0
+            wait "${MEMBER_PID[$name]}" || rc=$?
+            record_member "$name" "$rc"
+            if (($# > 1)); then
+                echo "== $name ended: exit status $rc after $(($(date +%s) - start)) s"
+                if ((rc != 0)); then tail -n 30 "$RESULTS/$name.console.log" | sed "s/^/[$name] /" >&2; fi
+            fi
+            report
+        done
+    done
 }
 
 stage_setup() {
@@ -260,7 +385,7 @@ else
 fi
 # The carried wheels go to $WORK/site (setup), first on the path; then the repository (no install of rpg_trl needed).
 export PYTHONPATH="$WORK/site:$ROOT:$ROOT/research${PYTHONPATH:+:$PYTHONPATH}"
-run_stage setup stage_setup
+run_group setup
 if ((${#FAILED[@]})); then exit 1; fi
 
 # ---------------------------------------------------------------------------------------------------------- learn
@@ -308,23 +433,33 @@ stage_e2e() {
     )
     local launcher=("$PY" -m accelerate.commands.launch --num_processes 1 --num_machines 1 --dynamo_backend no
         "${launch[@]}")
+    # examples/rpg_math.py through research/gpu/e2e_train.py, which runs it unchanged and notes a digest of the batch
+    # of every step (e2e_*_batches.jsonl): the check compares the batches of the resumed steps with the run's.
+    local name
+    for name in run repeat resumed; do : >"$RESULTS/e2e_${name}_batches.jsonl"; done
     # The same run again, at the same time (the model is small: both fit the GPU side by side): how far two
     # uninterrupted runs with one seed differ (CUDA's kernels are not all deterministic) is the yardstick of the resume.
-    limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e_repeat" \
-        > "$RESULTS/e2e_repeat.log" 2>&1 &
+    limited env RPG_E2E_BATCHES="$RESULTS/e2e_repeat_batches.jsonl" "${launcher[@]}" research/gpu/e2e_train.py \
+        "${train_args[@]}" --output_dir "$WORK/e2e_repeat" > "$RESULTS/e2e_repeat.log" 2>&1 &
     local repeat=$!
-    limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e" 2>&1 |
-        tee "$RESULTS/e2e_train.log"
+    limited env RPG_E2E_BATCHES="$RESULTS/e2e_run_batches.jsonl" "${launcher[@]}" research/gpu/e2e_train.py \
+        "${train_args[@]}" --output_dir "$WORK/e2e" 2>&1 | tee "$RESULTS/e2e_train.log"
     wait "$repeat" || echo "gpu_run.sh: the repeated e2e run failed (exit status $?): see e2e_repeat.log" >&2
-    limited "${launcher[@]}" examples/rpg_math.py "${train_args[@]}" --output_dir "$WORK/e2e_resumed" \
-        --resume_from_checkpoint "$WORK/e2e/checkpoint-10" 2>&1 | tee "$RESULTS/e2e_resume.log"
+    limited env RPG_E2E_BATCHES="$RESULTS/e2e_resumed_batches.jsonl" "${launcher[@]}" research/gpu/e2e_train.py \
+        "${train_args[@]}" --output_dir "$WORK/e2e_resumed" --resume_from_checkpoint "$WORK/e2e/checkpoint-10" 2>&1 |
+        tee "$RESULTS/e2e_resume.log"
     limited "$PY" research/gpu/gpu_stages.py e2e-check "$RESULTS" "$WORK"
     rm -rf "$WORK/e2e" "$WORK/e2e_resumed" "$WORK/e2e_repeat"
 }
 
 # ---------------------------------------------------------------------------------------------------------- tests
 stage_tests() {
-    local pytest_args=(-q -rs -p no:cacheprovider --junitxml="$RESULTS/pytest_gpu.xml")
+    # -v with each test's seconds as it ends (console_output_style=times, pytest >= 8.4; the image has 9.1), and
+    # research/gpu/pytest_times.py: each test's record in pytest_gpu_times.jsonl as it ends, which outlives a pytest
+    # killed at the deadline (the JUnit XML is written at its end only), and pytest-timeout's per-test limit cut to the
+    # seconds left before RPG_STAGE_DEADLINE.
+    local pytest_args=(-v -rs -o console_output_style=times -p no:cacheprovider -p pytest_times
+        --junitxml="$RESULTS/pytest_gpu.xml")
     if [[ $DRY_RUN == 1 ]]; then
         pytest_args+=(tests/test_gpu.py)  # RPG_GPU_DRY_RUN=1: unmarked, on CPU with the tiny model
     else
@@ -335,8 +470,13 @@ stage_tests() {
     if "$PY" -c "import pytest_timeout" 2>/dev/null; then
         pytest_args+=(--timeout "$([[ $DRY_RUN == 1 ]] && echo 600 || echo 150)")
     fi
-    limited "$PY" -m pytest "${pytest_args[@]}" 2>&1 | tee "$RESULTS/pytest_gpu.log"
-    "$PY" research/gpu/gpu_stages.py pytest-check "$RESULTS/pytest_gpu.xml" "$DRY_RUN"
+    local rc=0
+    limited env RPG_TEST_TIMES="$RESULTS/pytest_gpu_times.jsonl" PYTHONPATH="$ROOT/research/gpu:$PYTHONPATH" \
+        "$PY" -m pytest "${pytest_args[@]}" 2>&1 | tee "$RESULTS/pytest_gpu.log" || rc=$?
+    # Also after a cut: the check says which tests had not finished (from the JSON lines when there is no XML).
+    "$PY" research/gpu/gpu_stages.py pytest-check "$RESULTS/pytest_gpu.xml" "$DRY_RUN" "$RESULTS/pytest_gpu_times.jsonl" ||
+        rc=$((rc ? rc : 1))
+    return "$rc"
 }
 
 # ---------------------------------------------------------------------------------------------------------- bench
@@ -398,13 +538,11 @@ stage_long() {
     limited "$PY" -m rpg_research.cli bench-algos "${args[@]}" 2>&1 | tee "$RESULTS/long.log"
 }
 
-if has_stage learn; then run_stage learn stage_learn; fi
-if has_stage e2e; then run_stage e2e stage_e2e; fi
-if has_stage tests; then run_stage tests stage_tests; fi
-for stage in bench-1k bench-4k; do
-    has_stage "$stage" || continue
-    if [[ $DRY_RUN == 1 ]]; then BENCH_LENGTH=$([[ $stage == bench-1k ]] && echo 16 || echo 64)
-    else BENCH_LENGTH=$([[ $stage == bench-1k ]] && echo 1024 || echo 4096); fi
-    run_stage "$stage" stage_bench
+# The groups in the order of their first stage in this list (a sequence of single stages: the order it always had).
+declare -A DONE
+for stage in learn e2e tests bench-1k bench-4k long; do
+    has_stage "$stage" && [[ -z ${DONE[$stage]+x} ]] || continue
+    mapfile -t group < <(group_of "$stage")
+    for member in "${group[@]}"; do DONE[$member]=1; done
+    run_group "${group[@]}"
 done
-if has_stage long; then run_stage long stage_long; fi

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -88,9 +89,28 @@ def _step_log(step, **extra):
     return repr({**log, **extra, "epoch": 0.1 * step})
 
 
-def test_e2e_check_reads_both_runs_and_measures_the_resume(tmp_path):
+def _write_run(work: Path, folder: str, losses: dict, generation: dict) -> None:
+    """checkpoint-20/trainer_state.json of an e2e run: its steps' logs at full precision."""
+    history = [{"step": step, "loss": loss, **generation.get(step, {})} for step, loss in sorted(losses.items())]
+    (work / folder / "checkpoint-20").mkdir(parents=True, exist_ok=True)
+    (work / folder / "checkpoint-20" / "trainer_state.json").write_text(
+        json.dumps({"global_step": 20, "log_history": history})
+    )
+
+
+def _write_batches(results: Path, name: str, steps, changed: int | None = None) -> None:
+    lines = [
+        json.dumps({"step": s, "process": 0, "tokens": f"t{s}" + ("x" if s == changed else ""), "advantages": f"a{s}"})
+        for s in steps
+    ]
+    (results / f"e2e_{name}_batches.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_e2e_check_reads_both_runs_and_judges_the_resume(tmp_path):
     """The e2e stage's check: 20 logged steps and 10 resumed, every RPG metric finite, the reward every other step,
-    the loss difference after the resume, and what the checkpoints take on disk."""
+    what the checkpoints take on disk, and the resume's verdict (gpu_stages.RELATIVE's rule): the same batches and
+    generation metrics at steps 11-20, the losses within float32's rounding on CPU and, on the GPU, within the
+    repeat's spread."""
     gpu_stages = _load_example("gpu_stages")
     results, work = tmp_path / "results", tmp_path / "work"
     results.mkdir()
@@ -99,14 +119,31 @@ def test_e2e_check_reads_both_runs_and_measures_the_resume(tmp_path):
     (results / "e2e_resume.log").write_text("\n".join(steps[10:]) + "\n")
     (work / "e2e" / "checkpoint-10").mkdir(parents=True)
     (work / "e2e" / "checkpoint-10" / "rpg_generation_state.pt").write_bytes(b"x" * 10)
-    (work / "e2e_resumed" / "checkpoint-20").mkdir(parents=True)
+    (work / "e2e_resumed").mkdir(parents=True)
     (work / "e2e_resumed" / "model.safetensors").write_bytes(b"x" * 100)
-    (work / "e2e_resumed" / "checkpoint-20" / "trainer_state.json").write_text('{"global_step": 20}')
-    summary = gpu_stages.e2e_check(str(results), str(work))
+    losses = {s: 1e-4 * (s % 3) for s in range(1, 21)}
+    generation = {s: {"num_tokens": 100.0 * s, "completions/mean_length": 9.5, "reward": 0.5} for s in range(1, 21, 2)}
+    _write_run(work, "e2e", losses, generation)
+    _write_run(work, "e2e_resumed", losses, generation)
+    for name in ("run", "resumed"):
+        _write_batches(results, name, range(1 if name == "run" else 11, 21))
+    summary = gpu_stages.e2e_check(str(results), str(work), precision="float32")
     assert (summary["steps"], summary["resumed_steps"], summary["max_abs_loss_difference_after_resume"]) == (20, 10, 0)
-    assert summary["rewards"] == [0.5] * 10 and summary["checkpoint_bytes"] == 10 + 100 + 19
+    assert summary["rewards"] == [0.5] * 10 and summary["checkpoint_bytes"] > 10 + 100
     assert "max_abs_loss_difference_between_two_runs" not in summary  # no repeated run: no yardstick
-    # The repeated run (the yardstick of the resume): its loss differs from step 13 on, by at most 0.003.
+    verdict = summary["resume_verdict"]
+    assert verdict["passed"] and verdict["same_batches"] and verdict["same_generation_metrics"]
+    assert "e2e resume verdict (float32): passed" in gpu_stages.summary(str(results))
+    # Another batch at step 13: the verdict fails the check, and e2e_summary.json says why.
+    _write_batches(results, "resumed", range(11, 21), changed=13)
+    with pytest.raises(AssertionError, match=r"same batches False \(other at steps \[13\]\)"):
+        gpu_stages.e2e_check(str(results), str(work), precision="float32")
+    assert json.loads((results / "e2e_summary.json").read_text())["resume_verdict"]["passed"] is False
+    _write_batches(results, "resumed", range(11, 21))
+    # A loss off by more than float32's rounding fails on CPU; on the GPU, within the repeat's spread, it passes.
+    _write_run(work, "e2e_resumed", {**losses, 14: losses[14] + 1e-6}, generation)
+    with pytest.raises(AssertionError, match="losses"):
+        gpu_stages.e2e_check(str(results), str(work), precision="float32")
     repeat = [_step_log(i, **({"reward": 0.5} if i % 2 else {})) for i in range(1, 13)]
     repeat += [
         _step_log(i, **({"reward": 0.5} if i % 2 else {})).replace(
@@ -115,13 +152,135 @@ def test_e2e_check_reads_both_runs_and_measures_the_resume(tmp_path):
         for i in range(13, 21)
     ]
     (results / "e2e_repeat.log").write_text("\n".join(repeat) + "\n")
-    summary = gpu_stages.e2e_check(str(results), str(work))
+    _write_run(work, "e2e_repeat", {**losses, 17: losses[17] + 3e-6}, generation)
+    _write_batches(results, "repeat", range(1, 21))
+    summary = gpu_stages.e2e_check(str(results), str(work), precision="bf16")
     assert summary["first_step_two_runs_differ"] == 13
-    assert summary["max_abs_loss_difference_between_two_runs"] == pytest.approx(0.003)
-    assert "(between two uninterrupted runs: 0.003)" in gpu_stages.summary(str(results))
+    assert summary["max_abs_loss_difference_between_two_runs"] == pytest.approx(3e-6)
+    assert summary["resume_verdict"]["yardstick"] == pytest.approx(3e-6)
+    assert summary["resume_verdict"]["passed"] and summary["resume_verdict"]["repeat_first_step_other_batches"] is None
+    assert "(between two uninterrupted runs: 3e-06)" in gpu_stages.summary(str(results))
+    # On the GPU the noise may reach the samples: where the repeat's own batches first differ at step 15, the resumed
+    # steps from 15 on need not match; step 13 still must.
+    _write_batches(results, "repeat", range(1, 21), changed=15)
+    _write_batches(results, "resumed", range(11, 21), changed=17)
+    verdict = gpu_stages.e2e_check(str(results), str(work), precision="bf16")["resume_verdict"]
+    assert verdict["passed"] and verdict["steps_compared_exactly"] == [11, 12, 13, 14]
+    _write_batches(results, "resumed", range(11, 21), changed=13)
+    with pytest.raises(AssertionError, match=r"other at steps \[13\]"):
+        gpu_stages.e2e_check(str(results), str(work), precision="bf16")
+    _write_batches(results, "resumed", range(11, 21))
+    _write_batches(results, "repeat", range(1, 21))
+    # Beyond it (and beyond bf16's relative rounding of a loss of 2e-4): fails.
+    _write_run(work, "e2e_resumed", {**losses, 14: losses[14] + 1e-5}, generation)
+    with pytest.raises(AssertionError, match="losses"):
+        gpu_stages.e2e_check(str(results), str(work), precision="bf16")
+    # The same batches but another logged reward at a generation step: fails.
+    _write_run(work, "e2e_resumed", losses, {**generation, 15: {**generation[15], "reward": 0.25}})
+    with pytest.raises(AssertionError, match=r"reward at step 15"):
+        gpu_stages.e2e_check(str(results), str(work), precision="bf16")
+    _write_run(work, "e2e_resumed", losses, generation)
     (results / "e2e_resume.log").write_text("\n".join(steps[10:-1] + [steps[-1].replace("'kl': 0.001", "'kl': nan")]))
     with pytest.raises(AssertionError, match="kl"):
         gpu_stages.e2e_check(str(results), str(work))
+
+
+def test_per_test_times_survive_a_cut_and_name_the_unfinished(pytester, monkeypatch, tmp_path):
+    """research/gpu/pytest_times.py: one JSON line per test as it ends (pytest's JUnit XML is written at its end only,
+    which a stage killed at its deadline never reaches); the tests check and summary.md read them when there is no
+    XML and name the tests that had not finished."""
+    gpu_stages = _load_example("gpu_stages")
+    monkeypatch.syspath_prepend(str(ROOT / "research" / "gpu"))
+    times = tmp_path / "pytest_gpu_times.jsonl"
+    monkeypatch.setenv("RPG_TEST_TIMES", str(times))
+    monkeypatch.delenv("RPG_STAGE_DEADLINE", raising=False)
+    pytester.makepyfile(
+        test_three="""
+        import pytest
+        def test_a(): pass
+        def test_b(): pytest.skip("not here")
+        def test_c(): pass
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "pytest_times", "-p", "no:cacheprovider", "-p", "no:benchmark")
+    result.assert_outcomes(passed=2, skipped=1)
+    lines = [json.loads(line) for line in times.read_text().splitlines()]
+    assert lines[0] == {"collected": ["test_three.py::test_a", "test_three.py::test_b", "test_three.py::test_c"]}
+    assert [(r["nodeid"].split("::")[1], r["outcome"]) for r in lines[1:]] == [
+        ("test_a", "passed"),
+        ("test_b", "skipped"),
+        ("test_c", "passed"),
+    ]
+    assert all(r["duration"] >= 0 and r["setup"] >= 0 for r in lines[1:])
+    counts = gpu_stages.pytest_check(str(tmp_path / "absent.xml"), True, str(times))
+    assert (counts["tests"], counts["skipped"], counts["unfinished"]) == (3, 1, [])
+    # Killed in test_c: its line never came (and a half-written line is skipped).
+    times.write_text("\n".join(json.dumps(r) for r in lines[:3]) + '\n{"nodeid": "test_thr')
+    with pytest.raises(AssertionError, match=r"1 tests did not finish: \['test_three.py::test_c'\]"):
+        gpu_stages.pytest_check(str(tmp_path / "absent.xml"), True, str(times))
+    times.rename(tmp_path / "results_times")
+    results = tmp_path / "results"
+    results.mkdir()
+    (tmp_path / "results_times").rename(results / "pytest_gpu_times.jsonl")
+    text = gpu_stages.summary(str(results))
+    assert "| test_three.py::test_b | skipped |" in text and "| test_three.py::test_c | not finished | | |" in text
+
+
+def test_each_tests_limit_stays_inside_the_stages_deadline(pytester, monkeypatch):
+    """research/gpu/pytest_times.py cuts pytest-timeout's per-test limit (here a stand-in plugin named `timeout` with
+    its --timeout) to the seconds left before RPG_STAGE_DEADLINE less its margin, and leaves a smaller one alone."""
+    monkeypatch.syspath_prepend(str(ROOT / "research" / "gpu"))
+    monkeypatch.delenv("RPG_TEST_TIMES", raising=False)
+    monkeypatch.setenv("RPG_STAGE_DEADLINE", str(time.time() + 40))
+    pytester.syspathinsert()
+    pytester.makepyfile(
+        timeout="""
+        def pytest_addoption(parser):
+            parser.addoption("--timeout", type=float, default=None)
+        def pytest_configure(config):
+            config.addinivalue_line("markers", "timeout(seconds): the test's limit")
+        """,
+        test_limit="""
+        def test_limit(request):
+            marker = request.node.get_closest_marker("timeout")
+            print("LIMIT", marker.args[0] if marker else request.config.getoption("timeout"))
+        """,
+    )
+    for given, low, high in [(150, 25, 30), (5, 5, 5)]:
+        result = pytester.runpytest_inprocess(
+            "-p",
+            "timeout",
+            "-p",
+            "pytest_times",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:benchmark",
+            "-s",
+            "--timeout",
+            str(given),
+        )
+        result.assert_outcomes(passed=1)
+        limit = float(result.stdout.str().split("LIMIT ")[1].split()[0])
+        assert low <= limit <= high, (given, limit)
+
+
+@pytest.mark.slow
+def test_stage_groups_are_checked_before_anything_runs():
+    """research/gpu/gpu_run.sh's --stages: a bench stage times, so it runs alone; a stage given twice is refused."""
+    for stages, message in [
+        ("learn+bench-1k", "bench-1k times steps: it runs alone, not in a group (learn+bench-1k)"),
+        ("learn+tests+e2e,tests", "stage tests given twice"),
+        ("learn+test", "unknown stage test"),
+    ]:
+        proc = subprocess.run(
+            ["bash", "research/gpu/gpu_run.sh", "--dry-run", "--stages", stages],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2 and message in proc.stderr, (stages, proc.stderr)
 
 
 def test_summary_and_pytest_check_from_a_results_folder(tmp_path):

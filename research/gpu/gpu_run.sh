@@ -26,8 +26,11 @@
 #   bench-1k, bench-4k
 #             rpg-trl bench-speed --device cuda at 1024 / 4096 completion tokens, full fine-tuning and LoRA, on a ~0.6B
 #             Qwen3 with Qwen3's vocabulary (151,936; random weights, fixed synthetic completions: generation not
-#             timed): at 1024 tokens 3 repeats in rotated order with the A/A pair (GRPO twice), at 4096 one repeat of
-#             GRPO and both RPG anchors; the loss alone (c) once; one saved model for both stages, removed at exit.
+#             timed), its weights in bf16 as users load them: at 1024 tokens 4 repeats of the 4 runs (GRPO twice, the
+#             A/A pair, and both RPG anchors) in a Williams design (each run first once), 12 timed steps a run after
+#             2, each ratio with its 95 % interval, the JSON written after each repeat; at 4096 one repeat of GRPO and
+#             both RPG anchors, 4 timed steps after 2; the loss alone (c) once, paired rounds with their interval and
+#             what each loss dispatches; one saved model for both stages, removed at exit. bench-4k runs first.
 #   long      the fourth protocol's GPU-sized variant (research/docs/bench_algos.md, long completions): rpg-trl bench-algos
 #             --task long_addition with the "large" model (13.8M parameters), the warm start of seed 4000, then GRPO
 #             and RPG sequence (kl_level="sequence") at learning rate 3e-4, 32 steps each, 16 per generation, both at
@@ -36,7 +39,7 @@
 # --stages lists groups, in order, joined by ","; the stages of a group, joined by "+", run at the same time (none of
 # them a timing: the bench stages run alone): `--stages learn+tests+e2e` runs the three side by side, `--stages
 # bench-1k,bench-4k` one after the other. The groups run in the order of their earliest stage in learn, e2e, tests,
-# bench-1k, bench-4k, long, whatever the order given. Each stage runs under its own deadline (--limits; defaults
+# bench-4k, bench-1k, long, whatever the order given. Each stage runs under its own deadline (--limits; defaults
 # below; counted from its group's start), gets its own line in stages.tsv and fails alone; beside others its output
 # goes to NAME.console.log. The results are summarised and archived as each stage ends and at exit (a TERM included: the
 # stages still running are ended, exit status 143), so a call cut short still brings back what it finished. Everything
@@ -78,7 +81,7 @@ cd "$ROOT"
 PY="${PYTHON:-python3}"
 DRY_RUN=0
 FETCH=0
-STAGES="learn,tests,bench-1k,bench-4k"
+STAGES="learn+tests+e2e,bench-4k,bench-1k"
 RESULTS=""
 ARCHIVE=""
 WHEELS="wheels"
@@ -171,16 +174,18 @@ done
 
 # ------------------------------------------------------------------------------------------------------ deadlines
 # Seconds per stage, `setup` included (the install and the checks before the first stage), each counted from the start
-# of the stage's group. On the GPU: call 1 (learn+tests+e2e) 30+max(195,240,150) = 270 s, call 2 (bench-1k,bench-4k)
-# 30+300+90 = 420 s, each 30 s inside its device call's timeout_s for the summary and the archive
-# (research/docs/benchmarks.md). Alone on the H200, learn took 117 s, tests 117 s and e2e 76 s; side by side they
+# of the stage's group. On the GPU, the third run's plan (research/docs/benchmarks.md): call 1 (learn+tests+e2e)
+# 30+230 = 260 s, call 2 (bench-4k,bench-1k) 30+80+340 = 450 s, each 15 s inside its device call's timeout_s (275 and
+# 465 s) for the summary and the archive: with the machine's start, the transfers and the give-back (53 s and 45 s in
+# the first two runs; 60 s counted), 800 s of the session's 900, 100 s to spare. Alone on the H200, learn took 117 s,
+# tests 117 s (the first run; the second was cut at 136 s in its 11th of 13 tests) and e2e 76 s; side by side they
 # share the GPU and the 16 cores, hence the room. The dry run on 2 CPU cores takes longer. --limits learn=200,tests=300
 # overrides some.
 declare -A LIMIT
 if [[ $DRY_RUN == 1 ]]; then
     LIMIT=([setup]=300 [learn]=900 [e2e]=600 [tests]=900 [bench-1k]=900 [bench-4k]=600 [long]=900)
 else
-    LIMIT=([setup]=30 [learn]=195 [e2e]=150 [tests]=240 [bench-1k]=300 [bench-4k]=90 [long]=240)
+    LIMIT=([setup]=30 [learn]=230 [e2e]=230 [tests]=230 [bench-1k]=340 [bench-4k]=80 [long]=240)
 fi
 for item in ${LIMITS//,/ }; do
     [[ $item == *=* && -n ${LIMIT[${item%%=*}]+x} ]] || { echo "gpu_run.sh: bad --limits entry $item" >&2; exit 2; }
@@ -486,23 +491,28 @@ bench() {  # bench LENGTH MODE: the loss alone (c) with the first mode of bench-
     # One model for both stages (4096 + 64 positions: RoPE has no weights), built by the first, removed at exit.
     local args=(--device "$DEVICE" --completion-length "$length" --output-json "$RESULTS/$name.json"
         --model-dir "$WORK/bench-model" --max-positions "$([[ $DRY_RUN == 1 ]] && echo 128 || echo 4160)")
+    local steps=12
     if [[ $length == 4096 || $length == 64 ]]; then  # the long stage: GRPO and both RPG anchors, once each
         repeats=1
+        steps=4
         BENCH_LOSS=0
         args+=(--scenarios grpo-ref,rpg-sampling,rpg-reference)
     else
-        repeats=3
+        repeats=4  # the 4 runs: each first once (a Williams design), each directly after each other once
     fi
     if [[ $DRY_RUN == 1 ]]; then
         repeats=1
         args+=(--hidden-size 64 --num-layers 2 --vocab-size 512 --batch-size 4 --num-generations 2 --steps 2
             --warmup 2 --loss-batch 8 --loss-length 256 --loss-repeats 2 --loss-number 2 --loss-warmup 1
-            --num-threads 1 --timeout 300)
+            --num-threads 1 --timeout 300 --dtype bfloat16)
     else
         # ~0.6B parameters, Qwen3-0.6B's shape but for its MLP: hidden 1024 (16 heads, 8 KV heads, MLP 4096) x 28
         # layers, Qwen3's vocabulary (151,936, tied embeddings); bf16 autocast, gradient checkpointing.
+        # Its weights in bf16, as users load a model to train on a GPU (the second run's were float32 under autocast).
         args+=(--hidden-size 1024 --num-layers 28 --vocab-size 151936 --gradient-checkpointing --timeout 150)
-        args+=(--batch-size "$([[ $length == 4096 ]] && echo 4 || echo 8)")
+        # 4 completions a micro-batch at both lengths (the second run's 8 at 1024 tokens would not fit 4 repeats of 12
+        # steps, full and LoRA, in the stage's deadline: about 400 s against 340, from that run's per-process times).
+        args+=(--batch-size 4 --steps "$steps" --warmup 2 --dtype bfloat16)
     fi
     args+=(--repeats "${BENCH_REPEATS:-$repeats}")
     [[ $mode == lora ]] && args+=(--lora)
@@ -538,9 +548,11 @@ stage_long() {
     limited "$PY" -m rpg_research.cli bench-algos "${args[@]}" 2>&1 | tee "$RESULTS/long.log"
 }
 
-# The groups in the order of their first stage in this list (a sequence of single stages: the order it always had).
+# The groups in the order of their first stage in this list. bench-4k before bench-1k: its two modes are short and
+# each is one repeat, while bench-1k keeps its JSON repeat by repeat, so that a deadline cuts its last repeat rather
+# than a whole mode at 4096 tokens (the second run lost 4096 tokens with LoRA so).
 declare -A DONE
-for stage in learn e2e tests bench-1k bench-4k long; do
+for stage in learn e2e tests bench-4k bench-1k long; do
     has_stage "$stage" && [[ -z ${DONE[$stage]+x} ]] || continue
     mapfile -t group < <(group_of "$stage")
     for member in "${group[@]}"; do DONE[$member]=1; done

@@ -392,3 +392,21 @@ def test_dispatch_counts_tell_kernels_from_views_and_count_the_waits():
     counts = dispatch_counts(lambda: (x.view(2, 2) + 1).sum().item())
     assert counts == {"operators": 4, "kernels": 3, "waits": 1, "copies_to_host": 0}
     assert dispatch_counts(lambda: x.view(2, 2).t())["kernels"] == 0
+
+
+def test_loss_only_measures_c_alone_and_refuses_no_round(tmp_path, capsys):
+    """`--loss-only`: (c) and nothing else (no trainer run: no `runs` in the JSON); RPG's loss never waits for the
+    device, GRPOTrainer's waits once per `.item()` of its metrics."""
+    import json
+
+    from rpg_research.cli.bench_speed import main
+
+    out = tmp_path / "c.json"
+    tiny = ["--loss-only", "--device", "cpu", "--loss-batch", "4", "--loss-length", "8", "--loss-number", "1"]
+    main(tiny + ["--loss-repeats", "2", "--loss-warmup", "0", "--output-json", str(out)])
+    report = json.loads(out.read_text())
+    assert "runs" not in report and report["loss_only"]["rounds"] == 2
+    assert report["loss_only"]["rpg_dispatch"]["waits"] == 0 and report["loss_only"]["grpo_dispatch"]["waits"] >= 5
+    assert "(c) paired rounds: mean ratio" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--loss-repeats 0"):
+        main(tiny + ["--loss-repeats", "0"])

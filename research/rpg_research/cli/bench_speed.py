@@ -450,6 +450,8 @@ def run(opts) -> dict:
         opts.repeats, opts.steps, opts.warmup = 1, 2, 1
         opts.hidden_size, opts.num_layers, opts.completion_length = 64, 2, 32
         opts.loss_batch, opts.loss_length, opts.loss_repeats, opts.loss_warmup, opts.loss_number = 8, 256, 2, 1, 2
+    if opts.loss_only:
+        return run_loss_only(opts)
     spg = opts.steps_per_generation
     opts.steps, opts.warmup = -(-opts.steps // spg) * spg, -(-opts.warmup // spg) * spg
     scenarios = _scenarios(opts.scenarios)
@@ -482,6 +484,29 @@ def run(opts) -> dict:
     if opts.output_json:  # before the report is printed: a closed stdout does not lose the numbers
         write_json(opts.output_json, report)
     print(format_report(report, opts))
+    return report
+
+
+def run_loss_only(opts) -> dict:
+    """`--loss-only`: (c) alone, the loss of each trainer on `--loss-batch` x `--loss-length` log-probs, no trainer
+    run (a check of the loss's cost in seconds, e.g. before a GPU run)."""
+    from .bench_loss import loss_only
+    from .bench_speed_report import loss_details
+
+    if opts.loss_repeats < 1:
+        raise ValueError(f"--loss-only with --loss-repeats {opts.loss_repeats}: give at least one timed round")
+    env = environment(opts.device)
+    loss = loss_only(opts)
+    report = {"settings": settings(opts), "environment": env, "loss_only": loss}
+    if opts.output_json:
+        write_json(opts.output_json, report)
+    print(
+        f"device: {env['device_name']} ({opts.device}), {env['date_utc'][:10]}, torch threads: "
+        f"{opts.num_threads or 'default'}\n"
+        f"(c) loss alone, B={opts.loss_batch}, T={opts.loss_length}, training mode: RPG {loss['rpg_loss_s'] * 1e3:.3f} ms, "
+        f"GRPO {loss['grpo_loss_s'] * 1e3:.3f} ms (medians over {loss['rounds']} rounds of {loss['calls_per_round']} "
+        "calls)\n" + "\n".join(loss_details(loss))
+    )
     return report
 
 
@@ -538,6 +563,9 @@ def _scenarios(names) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one repeat: checks that the command works")
+    parser.add_argument(
+        "--loss-only", action="store_true", help="measure (c), the loss alone, and nothing else (no trainer run)"
+    )
     parser.add_argument("--device", default="cuda" if _cuda_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument(
         "--repeats",

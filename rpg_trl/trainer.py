@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import textwrap
 
 import torch
@@ -13,14 +14,10 @@ from .config import RPGConfig
 from .dynamic_sampling import DynamicSamplingMixin
 from .kl_control import AdaptiveKLCallback
 from .losses import (
-    DIAGNOSTIC_METRICS,
     SEQUENCE_SUM_ROWS,
     TOKEN_MEAN_METRICS,
     aggregate_loss,
-    combine_diagnostic_parts,
-    diagnostic_metrics,
-    diagnostic_parts_from_sums,
-    nan_extreme,
+    diagnostic_metrics_of,
     rpg_per_token_loss,
     sequence_sums,
 )
@@ -269,21 +266,22 @@ class RPGTrainer(
         step's micro-batches ([`~rpg_trl.losses.combine_diagnostic_parts`]), gathered from the processes with the
         importance-weight extremes at its last micro-batch, and logged once per step (once per micro-batch in
         evaluation)."""
-        # Per completion, every sum the metrics need, in one reduction: the token means' stats, the entropy, the two
-        # parts of the gradient weight in absolute value, the token count (the loss's metrics are a few hundred tiny
-        # kernels on a GPU, each launched alone: stacked, not one op per metric).
+        # On the device, per completion, every sum the metrics need, in one reduction (the token means' stats, the
+        # entropy, the two parts of the gradient weight in absolute value, the token count), summed over the batch and
+        # the processes; the per-completion values the extremes and the diagnostics need, gathered. One copy to the
+        # host, where the rest is a few float operations: on a GPU each tensor op of the metrics is a kernel launched
+        # alone (the loss's metrics were most of its time), and every `.item()` a wait.
         per_sequence, weight_extremes = sequence_sums(stats, fmask, extra=(entropies,))
-        token_means = (*TOKEN_MEAN_METRICS, "entropy")
         totals = per_sequence.sum(-1)
         lengths = per_sequence[-1]
         has_sequence = lengths > 0
-        sequences = has_sequence.sum().to(totals.dtype)
-        sequence_kl = (stats["sequence_kl"] * has_sequence).sum().to(totals.dtype)
-        # The sums over tokens and completions, and their counts: summed over processes.
+        sequence_kl = (stats["sequence_kl"] * has_sequence).sum()
         reduced = self.accelerator.reduce(
-            torch.cat([totals[: len(token_means)], torch.stack([sequence_kl, sequences, totals[-1]])]), reduction="sum"
+            torch.cat([totals, torch.stack([sequence_kl, has_sequence.sum()]).to(totals.dtype)]), reduction="sum"
         )
-        reduced_totals = dict(zip((*token_means, "kl/sequence", "num_sequences", "num_tokens"), reduced.unbind()))
+        names = (*TOKEN_MEAN_METRICS, "entropy", "reward_weight/abs_sum", "kl_weight/abs_sum", "num_tokens")
+        names += ("kl/sequence", "num_sequences")
+        reduced_totals = dict(zip(names, reduced.unbind(), strict=True))
         if mode == "train":
             if self.ref_sync_callback is not None:
                 self.ref_sync_callback.observe_kl(reduced_totals["kl"], reduced_totals["num_tokens"])
@@ -292,47 +290,46 @@ class RPGTrainer(
                 self.kl_control_callback.observe_kl(
                     reduced_totals[controlled.metric], reduced_totals[controlled.count]
                 )
-        # The means over all processes: per token, and `kl/sequence` per completion.
-        means = reduced[: len(token_means)] / reduced_totals["num_tokens"].clamp(min=1.0)
-        sequence_mean = (reduced_totals["kl/sequence"] / reduced_totals["num_sequences"].clamp(min=1.0)).reshape(1)
-        # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
-        # the largest of high-clipped tokens over the batch (NaN-free over empty sequences). Each smallest is taken
-        # as the largest of its negation, so that one reduction gives both (negated back on the host).
         low, high = SEQUENCE_SUM_ROWS.index("is_low_clipped"), SEQUENCE_SUM_ROWS.index("is_high_clipped")
-        fractions = torch.stack([-per_sequence[low], per_sequence[high]], dim=-1) / lengths[:, None]
-        extremes = torch.stack([weight_extremes[0], -weight_extremes[1]])
-        parts = diagnostic_parts_from_sums(stats["log_prefix_weight"], has_sequence, totals[-3:]).to(extremes.dtype)
-        # The diagnostics' parts, combined over the optimizer step's micro-batches; gathered at its last one (the same
-        # micro-batch on every process), with the extremes.
+        assert high == low + 1, SEQUENCE_SUM_ROWS
+        # The two clip fractions in one division on the device: GRPOTrainer's float32 values (NaN for a completion
+        # without tokens).
+        fractions = per_sequence[low : high + 1] / lengths
+        log_weights = stats["log_prefix_weight"].to(totals.dtype)
+        completions = self.accelerator.gather(torch.stack([*fractions, lengths, log_weights], -1))
+        extremes = self.accelerator.gather(torch.cat([weight_extremes, totals[-1:]]).reshape(1, 3))
+        values = torch.cat([reduced, completions.flatten(), extremes.flatten()]).tolist()
+        totals_ = dict(zip(names, values[: len(names)], strict=True))
+        completions = [values[i : i + 4] for i in range(len(names), len(names) + completions.numel(), 4)]
+        extremes = values[len(names) + 4 * len(completions) :]
+
+        token_count = max(totals_["num_tokens"], 1.0)
+        metrics = {key: totals_[key] / token_count for key in (*TOKEN_MEAN_METRICS, "entropy")}
+        metrics["kl/sequence"] = totals_["kl/sequence"] / max(totals_["num_sequences"], 1.0)
+        # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
+        # the largest of high-clipped tokens over the batch (NaN-free over empty sequences); the importance weight's
+        # largest and smallest over the processes (NaN from a process without tokens left out).
+        active = [row for row in completions if row[2] > 0]
+        metrics["clip_ratio/low_min"] = min((row[0] for row in active), default=math.nan)
+        metrics["clip_ratio/high_max"] = max((row[1] for row in active), default=math.nan)
+        processes = [extremes[i : i + 3] for i in range(0, len(extremes), 3) if extremes[i + 2] > 0]  # with tokens
+        # NaN-free as TRL's nanmax/nanmin
+        metrics["importance_weight/max"] = max((row[0] for row in processes if row[0] == row[0]), default=math.nan)
+        metrics["importance_weight/min"] = min((row[1] for row in processes if row[1] == row[1]), default=math.nan)
+        # The diagnostics over the optimizer step (every micro-batch's completions and sums; each micro-batch's in
+        # evaluation), from the completions' log W.
+        window = (
+            self._diagnostic_window if mode == "train" and self._diagnostic_window is not None else ([], [0.0] * 3)
+        )
+        window[0].extend(row[3] for row in active)
+        keys = ("reward_weight/abs_sum", "kl_weight/abs_sum", "num_tokens")
+        window = (window[0], [total + totals_[key] for total, key in zip(window[1], keys, strict=True)])
         flush = mode != "train" or self.accelerator.sync_gradients
         if mode == "train":
-            if self._diagnostic_window is not None:
-                parts = combine_diagnostic_parts(torch.stack([self._diagnostic_window, parts]))
-            self._diagnostic_window = None if flush else parts
+            self._diagnostic_window = None if flush else window
         if flush:
-            extremes = torch.cat([extremes, parts])
-        fractions = self.accelerator.gather(fractions)
-        extremes = self.accelerator.gather(extremes.reshape(1, -1))
-        diagnostics = []
-        if flush:
-            diagnostics = [torch.stack(list(diagnostic_metrics(combine_diagnostic_parts(extremes[:, 2:])).values()))]
-        # Every value is computed on the device and copied to the host at once: one synchronisation per micro-batch
-        # (an `.item()` per metric, and TRL's `nanmin`/`nanmax` with their boolean indexing, wait for the device each).
-        values = torch.cat(
-            [
-                means,
-                sequence_mean,
-                nan_extreme(fractions, largest=True, dim=0).to(reduced.dtype),
-                nan_extreme(extremes[:, :2], largest=True, dim=0).to(reduced.dtype),
-                *(d.to(reduced.dtype) for d in diagnostics),
-            ]
-        ).tolist()
-        low_clip, weight_min = len(token_means) + 1, len(token_means) + 4  # the negated smallest, back to their sign
-        values[low_clip], values[weight_min] = -values[low_clip], -values[weight_min]
-        keys = (*token_means, "kl/sequence", "clip_ratio/low_min", "clip_ratio/high_max")
-        keys += ("importance_weight/max", "importance_weight/min")
-        keys += DIAGNOSTIC_METRICS if flush else ()
-        for key, value in zip(keys, values, strict=True):
+            metrics.update(diagnostic_metrics_of(window[0], *window[1]))
+        for key, value in metrics.items():
             self._metrics[mode][key].append(value)
 
     def _load_callback_state(self):

@@ -14,6 +14,7 @@ from rpg_trl.losses import (
     KL_LEVELS,
     combine_diagnostic_parts,
     diagnostic_metrics,
+    diagnostic_metrics_of,
     diagnostic_parts,
     rpg_loss,
     rpg_per_token_loss,
@@ -175,3 +176,23 @@ def test_micro_batches_and_processes_combine_to_the_whole_batch(kl_level):
     _, second = rpg_loss(logps[6:], old[6:], adv[6:], mask[6:], **spec)
     mean_of_stds = (float(first["kl/log_prefix_weight/std"]) + float(second["kl/log_prefix_weight/std"])) / 2
     assert mean_of_stds != pytest.approx(float(whole["kl/log_prefix_weight/std"]), rel=1e-6)
+
+
+@pytest.mark.parametrize("kl_level", KL_LEVELS)
+def test_the_host_diagnostics_equal_a_direct_float64_computation(kl_level):
+    """`diagnostic_metrics_of` (what RPGTrainer computes on the host from the gathered completions' log W and the
+    reduced sums) against the direct float64 values; NaN without a completion, the share alone without a token."""
+    logps, old, adv, mask = random_batch(B=9, scale=1.2, seed=5, empty_rows=(3,))
+    _, stats = rpg_per_token_loss(logps, old, adv, mask, beta=0.3, kl_level=kl_level)
+    active = mask.sum(-1) > 0
+    log_W = [math.fsum((logps[b] - old[b])[mask[b] > 0].tolist()) for b in range(len(mask)) if active[b]]
+    kl_abs = math.fsum((stats["kl_gradient_weight"].abs() * mask).flatten().tolist())
+    reward_abs = math.fsum((stats["reward_gradient_weight"].abs() * mask).flatten().tolist())
+    host = diagnostic_metrics_of(log_W, reward_abs, kl_abs, float(mask.sum()))
+    for key, value in direct_prefix_metrics(logps, old, mask).items():
+        assert host[key] == pytest.approx(value, rel=1e-12, abs=1e-14), key
+    assert host["kl/weight_share"] == pytest.approx(kl_abs / (kl_abs + reward_abs), rel=1e-12)
+    empty = diagnostic_metrics_of([], 0.0, 0.0, 0.0)
+    assert all(math.isnan(empty[key]) for key in DIAGNOSTIC_METRICS)
+    tokens_only = diagnostic_metrics_of([], 0.0, 0.0, 4.0)  # tokens but no gradient weight: a zero share
+    assert tokens_only["kl/weight_share"] == 0.0 and math.isnan(tokens_only["kl/prefix_ess"])

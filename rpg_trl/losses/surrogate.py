@@ -234,22 +234,20 @@ def sequence_sums(
     """Per completion, the sums over its active tokens (weighted by `mask`) of the stats of [`SEQUENCE_SUM_ROWS`], of
     each (B, T) tensor of `extra`, of ``|reward_gradient_weight|`` and ``|kl_gradient_weight|``, and of the mask (the
     count): a (len(SEQUENCE_SUM_ROWS) + len(extra) + 3, B) tensor; and the importance weight's largest and smallest
-    over the active tokens, (2,), NaN when no token is active. Detached, on the device, in one reduction: a
-    micro-batch's metrics in a few kernels, not one or more per metric (on a GPU they are launch-bound)."""
+    over the active tokens, (2,), 0 and inf when no token is active (the count tells). Detached, on the device, in one
+    reduction: a micro-batch's metrics in a few kernels, not one or more per metric (on a GPU they are launch-bound).
+    Every tensor is (B, T)."""
     with torch.no_grad():
         w = stats["importance_weight"]
-        dtype = w.dtype
-        mask = mask.to(dtype)
+        mask = mask.to(w.dtype)
         rows = [stats[key] for key in SEQUENCE_SUM_ROWS] + [x.detach() for x in extra]
-        rows += [stats["reward_gradient_weight"].abs(), stats["kl_gradient_weight"].abs(), mask.new_ones(())]
-        masked = torch.stack(torch.broadcast_tensors(*rows)).to(dtype) * mask
-        sums = masked.sum(-1)
+        rows += [stats["reward_gradient_weight"].abs(), stats["kl_gradient_weight"].abs(), torch.ones_like(mask)]
+        masked = torch.stack(rows) * mask  # bool rows promoted to w's dtype
         # Extremes without boolean indexing (which copies and synchronises); the largest: w > 0 on active tokens and
         # w·mask = 0 elsewhere.
         largest = masked[SEQUENCE_SUM_ROWS.index("importance_weight")].amax()
         smallest = torch.where(mask > 0, w, math.inf).amin()
-        extremes = torch.where(sums[-1].sum() > 0, torch.stack([largest, smallest]), math.nan)
-        return sums, extremes
+        return masked.sum(-1), torch.stack([largest, smallest])
 
 
 def summarize_stats(
@@ -262,6 +260,7 @@ def summarize_stats(
         sums, extremes = sequence_sums(stats, mask)
         totals = sums.sum(-1)
         num_tokens = totals[-1]
+        extremes = torch.where(num_tokens > 0, extremes, math.nan)
         metrics = dict(
             zip(TOKEN_MEAN_METRICS, (totals[: len(TOKEN_MEAN_METRICS)] / num_tokens.clamp(min=1.0)).unbind())
         )
@@ -392,6 +391,29 @@ def diagnostic_metrics(parts: torch.Tensor) -> dict[str, torch.Tensor]:
         per_sequence = torch.where(count > 0, torch.stack([largest, smallest, std, ess]), math.nan)
         values = (*per_sequence.unbind(), torch.where(num_tokens > 0, share, math.nan))
         return dict(zip(DIAGNOSTIC_METRICS, values, strict=True))
+
+
+def diagnostic_metrics_of(
+    log_weights: list[float], reward_abs: float, kl_abs: float, num_tokens: float
+) -> dict[str, float]:
+    """[`DIAGNOSTIC_METRICS`] on the host, in float64, from the ``log W`` of every completion that has an active
+    token and the sums ``Σ|w·A|``, ``Σ|β·K̃|`` and the active tokens' count (what [`diagnostic_metrics`] gives from
+    [`diagnostic_parts`] on the device; the trainers gather the completions' ``log W`` over the processes and the
+    micro-batches of an optimizer step, so that the diagnostics are those of the whole step)."""
+    nan = math.nan
+    count = len(log_weights)
+    total = kl_abs + reward_abs
+    share = (kl_abs / total if total > 0 else 0.0) if num_tokens > 0 else nan
+    if count == 0 or not all(math.isfinite(x) for x in log_weights):  # none, or a NaN/inf log-prob upstream
+        return dict(zip(DIAGNOSTIC_METRICS, (nan, nan, nan, nan, share), strict=True))
+    mean = math.fsum(log_weights) / count
+    std = math.sqrt(math.fsum((x - mean) ** 2 for x in log_weights) / count)
+    largest = max(log_weights)
+    # log Σ W and log Σ W² from the largest, then the ESS (Σ W)² / (n·Σ W²) in log space: finite at any length.
+    log_sum = largest + math.log(math.fsum(math.exp(x - largest) for x in log_weights))
+    log_sum_sq = 2 * largest + math.log(math.fsum(math.exp(2 * (x - largest)) for x in log_weights))
+    ess = math.exp(2 * log_sum - log_sum_sq - math.log(count))
+    return dict(zip(DIAGNOSTIC_METRICS, (largest, min(log_weights), std, ess, share), strict=True))
 
 
 def nan_extreme(values: torch.Tensor, largest: bool, dim: int | None = None) -> torch.Tensor:

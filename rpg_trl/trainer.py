@@ -99,8 +99,9 @@ class RPGTrainer(
         self.ref_sync_callback = RefModelSyncCallback.install(self)
         #: The adaptive KL coefficient (`kl_target`), or None: it sets `rpg_beta` after each optimizer step.
         self.kl_control_callback = AdaptiveKLCallback.install(self)
-        #: The parts of the diagnostics ([`~rpg_trl.losses.DIAGNOSTIC_METRICS`]) of this process's micro-batches of
-        #: the current optimizer step so far ([`~rpg_trl.losses.diagnostic_parts`]), or None.
+        #: What the diagnostics ([`~rpg_trl.losses.DIAGNOSTIC_METRICS`]) of the current optimizer step need from its
+        #: micro-batches so far, on the host: the log W of every completion with a token (all processes'), and the
+        #: sums ``(Σ|w·A|, Σ|β·K̃|, tokens)`` over the processes; or None.
         self._diagnostic_window = None
 
     @property
@@ -262,10 +263,10 @@ class RPGTrainer(
         sync gets the token KL, the adaptive KL coefficient the KL that β weighs (`loss_spec.controlled_kl`).
 
         The diagnostics of the whole-completion weights and of the KL's share of the gradient
-        ([`~rpg_trl.losses.DIAGNOSTIC_METRICS`]) are exact over an optimizer step: their parts are combined over the
-        step's micro-batches ([`~rpg_trl.losses.combine_diagnostic_parts`]), gathered from the processes with the
-        importance-weight extremes at its last micro-batch, and logged once per step (once per micro-batch in
-        evaluation)."""
+        ([`~rpg_trl.losses.DIAGNOSTIC_METRICS`]) are exact over an optimizer step: the completions' log W are
+        gathered from the processes at every micro-batch (with the clip fractions and the importance-weight extremes),
+        kept on the host until the step's last micro-batch, and the diagnostics computed from all of them
+        ([`~rpg_trl.losses.diagnostic_metrics_of`]) and logged once per step (once per micro-batch in evaluation)."""
         # On the device, per completion, every sum the metrics need, in one reduction (the token means' stats, the
         # entropy, the two parts of the gradient weight in absolute value, the token count), summed over the batch and
         # the processes; the per-completion values the extremes and the diagnostics need, gathered. One copy to the

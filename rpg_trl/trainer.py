@@ -300,13 +300,13 @@ class RPGTrainer(
         completions = self.accelerator.gather(torch.stack([*fractions, lengths, log_weights], -1))
         extremes = self.accelerator.gather(torch.cat([weight_extremes, totals[-1:]]).reshape(1, 3))
         values = torch.cat([reduced, completions.flatten(), extremes.flatten()]).tolist()
-        totals_ = dict(zip(names, values[: len(names)], strict=True))
+        host_sums = dict(zip(names, values[: len(names)], strict=True))
         completions = [values[i : i + 4] for i in range(len(names), len(names) + completions.numel(), 4)]
         extremes = values[len(names) + 4 * len(completions) :]
 
-        token_count = max(totals_["num_tokens"], 1.0)
-        metrics = {key: totals_[key] / token_count for key in (*TOKEN_MEAN_METRICS, "entropy")}
-        metrics["kl/sequence"] = totals_["kl/sequence"] / max(totals_["num_sequences"], 1.0)
+        token_count = max(host_sums["num_tokens"], 1.0)
+        metrics = {key: host_sums[key] / token_count for key in (*TOKEN_MEAN_METRICS, "entropy")}
+        metrics["kl/sequence"] = host_sums["kl/sequence"] / max(host_sums["num_sequences"], 1.0)
         # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
         # the largest of high-clipped tokens over the batch (NaN-free over empty sequences); the importance weight's
         # largest and smallest over the processes (NaN from a process without tokens left out).
@@ -324,7 +324,7 @@ class RPGTrainer(
         )
         window[0].extend(row[3] for row in active)
         keys = ("reward_weight/abs_sum", "kl_weight/abs_sum", "num_tokens")
-        window = (window[0], [total + totals_[key] for total, key in zip(window[1], keys, strict=True)])
+        window = (window[0], [total + host_sums[key] for total, key in zip(window[1], keys, strict=True)])
         flush = mode != "train" or self.accelerator.sync_gradients
         if mode == "train":
             self._diagnostic_window = None if flush else window

@@ -319,17 +319,16 @@ class RPGTrainer(
         metrics["importance_weight/min"] = min((row[1] for row in processes if row[1] == row[1]), default=math.nan)
         # The diagnostics over the optimizer step (every micro-batch's completions and sums; each micro-batch's in
         # evaluation), from the completions' log W.
-        window = (
-            self._diagnostic_window if mode == "train" and self._diagnostic_window is not None else ([], [0.0] * 3)
-        )
-        window[0].extend(row[3] for row in active)
+        pending = mode == "train" and self._diagnostic_window is not None
+        window_log_weights, sums = self._diagnostic_window if pending else ([], (0.0, 0.0, 0.0))
+        window_log_weights = window_log_weights + [row[3] for row in active]
         keys = ("reward_weight/abs_sum", "kl_weight/abs_sum", "num_tokens")
-        window = (window[0], [total + host_sums[key] for total, key in zip(window[1], keys, strict=True)])
+        sums = tuple(total + host_sums[key] for total, key in zip(sums, keys, strict=True))
         flush = mode != "train" or self.accelerator.sync_gradients
         if mode == "train":
-            self._diagnostic_window = None if flush else window
+            self._diagnostic_window = None if flush else (window_log_weights, sums)
         if flush:
-            metrics.update(diagnostic_metrics_of(window[0], *window[1]))
+            metrics.update(diagnostic_metrics_of(window_log_weights, *sums))
         for key, value in metrics.items():
             self._metrics[mode][key].append(value)
 

@@ -150,19 +150,13 @@ def reinforce_per_token_loss(
     `kl_weight` and `reward_weight`: ``K̃`` and the reward part when already computed ([`gradient_weight_parts`],
     with the same `reward_mask`).
     """
-    if kl_weight is not None and reward_weight is not None:
-        with torch.no_grad():
-            negative_weight = torch.add(reward_weight.neg(), kl_weight, alpha=spec.beta)  # −W = −w·A + β·K
-        return negative_weight * ratios.token_log_ratio
+    if reward_weight is None:
+        reward_weight, computed_kl_weight = gradient_weight_parts(ratios, advantages, regions, spec, reward_mask)
+        kl_weight = computed_kl_weight if kl_weight is None else kl_weight
+    elif kl_weight is None:
+        kl_weight = kl_weights(ratios, spec, regions)
     with torch.no_grad():
-        negative_weight = ratios.w.detach() * -advantages  # −w·A
-        if spec.clip:
-            negative_weight.masked_fill_(regions.any, 0.0)
-        if reward_mask is not None:
-            negative_weight.mul_(reward_mask)
-        if kl_weight is None:
-            kl_weight = kl_weights(ratios, spec, regions)
-        negative_weight.add_(kl_weight, alpha=spec.beta)  # −W = −w·A + β·K
+        negative_weight = torch.add(reward_weight.neg(), kl_weight, alpha=spec.beta)  # −W = −w·A + β·K
     return negative_weight * ratios.token_log_ratio
 
 
@@ -356,8 +350,6 @@ def combine_diagnostic_parts(parts: torch.Tensor) -> torch.Tensor:
     """The parts of the union of batches from theirs, (N, len(DIAGNOSTIC_PARTS)) -> (len(DIAGNOSTIC_PARTS),) (rows of
     [`diagnostic_parts`], e.g. of the micro-batches of an optimizer step or gathered from the processes): exact, so
     that [`diagnostic_metrics`] of the result equals that of the concatenated batch up to rounding."""
-    if parts.shape[0] == 1:  # one batch: its own parts (a known shape, no synchronisation)
-        return parts[0].detach()
     with torch.no_grad():
         count, mean, m2 = parts[:, 0], parts[:, 1], parts[:, 2]
         total = count.sum()
@@ -416,13 +408,10 @@ def diagnostic_metrics_of(
     return dict(zip(DIAGNOSTIC_METRICS, (largest, min(log_weights), std, ess, share), strict=True))
 
 
-def nan_extreme(values: torch.Tensor, largest: bool, dim: int | None = None) -> torch.Tensor:
-    """The largest (or smallest) non-NaN entry of `values` (along `dim`, or of all), NaN where all are NaN: TRL's
-    `nanmax`/`nanmin` computed on the device (theirs index by a boolean mask and test a device value, and each waits
-    for the device)."""
-    if dim is not None and values.shape[dim] == 1:  # one entry (e.g. gathered from one process): itself, NaN or not
-        return values.squeeze(dim)
+def nan_extreme(values: torch.Tensor, largest: bool) -> torch.Tensor:
+    """The largest (or smallest) non-NaN entry of `values`, NaN when all are NaN: TRL's `nanmax`/`nanmin` computed on
+    the device (theirs index by a boolean mask and test a device value, and each waits for the device)."""
     is_nan = values.isnan()
     kept = torch.where(is_nan, -math.inf if largest else math.inf, values)  # Python scalars: no tensor to fill
-    extreme = kept.amax(dim) if largest else kept.amin(dim)
-    return torch.where(is_nan.all(dim) if dim is not None else is_nan.all(), math.nan, extreme)
+    extreme = kept.amax() if largest else kept.amin()
+    return torch.where(is_nan.all(), math.nan, extreme)

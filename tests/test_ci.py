@@ -91,13 +91,13 @@ def test_a_sigterm_to_pytest_ends_the_sessions_its_tests_started(tmp_path):
 
 def _ci_with_stand_ins(tmp_path, ignores_sigterm=False):
     """`.ci/run` started in a copy of the repository's `.ci/` with stand-ins (as in tests/test_docs.py): `pip` and the
-    README test command succeed, the background jobs (`.ci/vllm`, `.ci/wheel`, `.ci/torch_floor`) and the
-    baseline-kernel step (`python` under `ATEN_CPU_CAPABILITY`) sleep and record their process ids, a child of theirs
-    too; the stand-in of `.ci/torch_floor` ignores SIGTERM if `ignores_sigterm`. Returns the run and, once all have
-    started, the 8 process ids."""
+    README's commands succeed, the background jobs (`.ci/vllm`, `.ci/wheel`, `.ci/torch_floor`, `.ci/trl_floor`) and
+    the baseline-kernel step (`python` under `ATEN_CPU_CAPABILITY`) sleep and record their process ids, a child of
+    theirs too; the stand-in of `.ci/torch_floor` ignores SIGTERM if `ignores_sigterm`. Returns the run and, once all
+    have started, the 10 process ids."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
-    jobs = ("vllm", "wheel", "torch_floor")
+    jobs = ("vllm", "wheel", "torch_floor", "trl_floor")
     for name in jobs:
         record = f"echo $$ $! > {tmp_path}/{name}.tmp\nmv {tmp_path}/{name}.tmp {tmp_path}/{name}.pids"
         ignore = "trap '' TERM\n" if ignores_sigterm and name == "torch_floor" else ""
@@ -105,6 +105,7 @@ def _ci_with_stand_ins(tmp_path, ignores_sigterm=False):
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "pip").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "rpg-trl").write_text("#!/bin/sh\nexit 0\n")
     (bin_dir / "python").write_text(
         '#!/bin/sh\n[ -z "$ATEN_CPU_CAPABILITY" ] && exit 0\n'
         f"sleep 300 &\necho $$ $! > {tmp_path}/step.tmp\nmv {tmp_path}/step.tmp {tmp_path}/step.pids\nwait\n"
@@ -128,7 +129,7 @@ def _ci_with_stand_ins(tmp_path, ignores_sigterm=False):
     except BaseException:
         _end(ci, pids)
         raise
-    assert len(_running(pids)) == 8, pids
+    assert len(_running(pids)) == 10, pids
     return ci, pids
 
 

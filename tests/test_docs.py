@@ -46,9 +46,11 @@ def test_the_readme_opens_with_the_two_set_up_commands():
         'pip install torch==2.13.0 && pip install -e ".[test]" -e ./research && python -m pytest'
     )
     assert '-m "not slow"' in block[1]  # the fast tier; .ci/run runs the slow one after it
-    # CI runs the README's test command exactly as written (before its comment).
+    # CI runs the README's two commands exactly as written (before their comments), in a fresh environment.
     ci = (ROOT / ".ci" / "run").read_text()
+    assert f"README_DEMO='{block[0].split('#')[0].strip()}'" in ci
     assert f"README_TEST='{block[1].split('#')[0].strip()}'" in ci
+    assert '\npython -m venv "$MAIN_ENV"\n' in ci
 
 
 def test_no_document_cites_files_outside_the_repository():
@@ -61,18 +63,20 @@ def test_no_document_cites_files_outside_the_repository():
 def test_ci_stops_its_background_jobs_and_names_the_first_failure(tmp_path):
     """`.ci/run` in a copy of the repository's `.ci/` with stand-ins: `pip` succeeds, `python` fails under
     `ATEN_CPU_CAPABILITY` (the second test run), and the background jobs (`.ci/vllm install`, `.ci/wheel`,
-    `.ci/torch_floor`) sleep and record their process ids, a child of theirs too. The run fails at once, names the
+    `.ci/torch_floor`, `.ci/trl_floor`) sleep and record their process ids, a child of theirs too. The run fails at once, names the
     failing step on its last line, and leaves no background process running (tests/test_ci.py: after a SIGTERM)."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
-    for name in ("vllm", "wheel", "torch_floor"):
+    jobs = ("vllm", "wheel", "torch_floor", "trl_floor")
+    for name in jobs:
         # Written under another name, then renamed (as in tests/test_ci.py): the file exists only once it is complete.
         record = f"echo $$ $! > {tmp_path}/{name}.tmp\nmv {tmp_path}/{name}.tmp {tmp_path}/{name}.pids"
         (tmp_path / ".ci" / name).write_text(f"sleep 300 &\n{record}\nwait\n")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "pip").write_text("#!/bin/sh\nexit 0\n")
-    started = " && ".join(f"[ -f {tmp_path}/{name}.pids ]" for name in ("vllm", "wheel", "torch_floor"))  # all running
+    (bin_dir / "rpg-trl").write_text("#!/bin/sh\nexit 0\n")
+    started = " && ".join(f"[ -f {tmp_path}/{name}.pids ]" for name in jobs)  # all running
     (bin_dir / "python").write_text(
         f'#!/bin/sh\n[ -z "$ATEN_CPU_CAPABILITY" ] && exit 0\nuntil {started}; do sleep 0.1; done\nexit 3\n'
     )
@@ -88,7 +92,7 @@ def test_ci_stops_its_background_jobs_and_names_the_first_failure(tmp_path):
         .startswith("== FAILED: numerics-sensitive tests under ATEN_CPU_CAPABILITY=default (exit status 3")
     ), proc.stderr
     assert time.monotonic() - started < 30
-    for name in ("vllm", "wheel", "torch_floor"):
+    for name in jobs:
         pids = [int(pid) for pid in (tmp_path / f"{name}.pids").read_text().split()]
         assert len(pids) == 2  # the job's shell and its sleep
         for pid in pids:  # gone, or a zombie, within a second (a signalled process takes a moment to end)

@@ -74,3 +74,61 @@ def test_the_torch_floor_is_the_oldest_tested_release_and_has_what_the_failure_w
     installed = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     assert installed >= (major, minor), (floor.group(0), torch.__version__)
     assert (major, minor) >= (2, 8) and hasattr(dist.Store, "clone")
+
+
+def _requirement_names(lines) -> set[str]:
+    """The normalised distribution names of requirement lines (`name>=x`, `name[extra]`, comments and blanks left out)."""
+    names = set()
+    for line in lines:
+        line = line.split("#")[0].strip()
+        if line:
+            names.add(re.split(r"[\s<>=!~;\[]", line, maxsplit=1)[0].lower().replace("_", "-"))
+    return names
+
+
+def _setup_section(name: str) -> list[str]:
+    """The indented lines under `name =` in setup.cfg."""
+    block = re.search(rf"^{re.escape(name)}\s*=\s*\n((?:[ \t]+.*\n|[ \t]*#.*\n|\s*\n)+)", SETUP, re.M)
+    assert block, f"setup.cfg has no {name}"
+    return block.group(1).splitlines()
+
+
+def test_every_import_of_the_tests_is_a_declared_dependency():
+    """The README's test command installs `rpg_trl[test]` and the research package, in CI into an environment that
+    sees none of the machine's packages (.ci/run): a module that a test imports must come from a distribution declared
+    there, directly (not only as a dependency of a dependency, which a release of that dependency may drop). Modules
+    of the repository (tests/helpers, the examples) and the standard library excepted; a module that is not installed
+    here (vLLM, which .ci/vllm installs) must be declared by an extra of setup.cfg."""
+    import ast
+    import importlib.metadata
+    import sys
+    import tomllib
+
+    declared = _requirement_names([*_setup_section("install_requires"), *_setup_section("test")])
+    research = tomllib.loads((ROOT / "research" / "pyproject.toml").read_text())["project"]
+    declared |= _requirement_names(research["dependencies"]) | {"rpg-trl", "rpg-trl-research"}
+    extras = _requirement_names(line for extra in ("vllm", "vllm-cpu", "deepspeed") for line in _setup_section(extra))
+    local = {
+        path.stem
+        for folder in ("tests", "tests/helpers", "research/tests", "examples")
+        for path in (ROOT / folder).iterdir()
+        if path.suffix == ".py" or (path / "__init__.py").exists()
+    } | {"tests", "helpers"}
+    distributions = importlib.metadata.packages_distributions()
+    undeclared = {}
+    for path in [*(ROOT / "tests").rglob("*.py"), *(ROOT / "research" / "tests").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            else:
+                continue
+            for module in (name.split(".")[0] for name in modules):
+                if module in sys.stdlib_module_names or module in local:
+                    continue
+                names = {name.lower().replace("_", "-") for name in distributions.get(module, ())}
+                if names & declared or (not names and any(extra.startswith(module) for extra in extras)):
+                    continue
+                undeclared.setdefault(module, set()).add(str(path.relative_to(ROOT)))
+    assert not undeclared, f"imported by tests but not declared in setup.cfg's test extra: {undeclared}"

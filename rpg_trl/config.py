@@ -244,7 +244,10 @@ class RPGLossArguments:
     def rpg_loss_spec(self) -> RPGLossSpec:
         """The loss this configuration specifies, as the frozen [`RPGLossSpec`] that the trainers pass to
         [`rpg_trl.losses.rpg_per_token_loss`]; invalid fields raise a `ValueError` that names the configuration's field."""
-        return RPGLossSpec.from_kwargs(names=self._LOSS_SPEC_NAMES, **self._loss_spec_fields())
+        names = self._LOSS_SPEC_NAMES
+        if getattr(self, "use_bias_correction_kl", True) is False:  # TRL's switch set `kl_importance_weight`: name it
+            names = {**names, "kl_importance_weight": "use_bias_correction_kl"}
+        return RPGLossSpec.from_kwargs(names=names, **self._loss_spec_fields())
 
     def check_rpg_loss_arguments(self) -> None:
         """Validate the loss fields (`ValueError` naming the field, the allowed values and the fix): the loss's own in

@@ -308,9 +308,43 @@ def test_a_bad_row_of_an_iterable_dataset_is_refused_naming_it_when_it_arrives(t
     trainer = RPGTrainer(tiny_model_dir, count_sevens, args=args, train_dataset=stream, processing_class=tokenizer)
     with pytest.raises(ValueError, match=r"^Row 9 of the training dataset: its 'prompt' column is an empty string"):
         trainer.train()  # (built without reading the stream)
+    assert trainer.train_dataset is stream  # checked by the dataloader, not replaced (TRL's contract)
     trainer = RPGTrainer(tiny_model_dir, count_sevens, args=args, train_dataset=good, processing_class=tokenizer)
     trainer.train()
     assert trainer.state.global_step == 2 and all(math.isfinite(x) for x in logged(trainer, "loss"))
+
+
+def test_a_bad_row_of_an_iterable_evaluation_dataset_in_a_dict_is_refused_naming_it_when_evaluated(
+    tiny_model_dir, tmp_path
+):
+    """The rows of an iterable evaluation dataset are checked as the evaluation dataloader reads them (the dataset of a
+    dict named in the error), and the trainer keeps the user's dict and datasets; a map-style one beside it was checked
+    when the trainer was built."""
+    from datasets import IterableDataset
+
+    prompts = list(PROMPTS["prompt"][:4])
+    prompts[2] = None
+    stream = IterableDataset.from_generator(lambda: ({"prompt": p} for p in prompts))
+    eval_dataset = {"map": PROMPTS.select(range(2)), "stream": stream}
+    args = RPGConfig(**tiny_run_args(tmp_path))
+    trainer = RPGTrainer(
+        tiny_model_dir,
+        count_sevens,
+        args=args,
+        train_dataset=PROMPTS,
+        eval_dataset=eval_dataset,
+        processing_class=build_char_tokenizer(),
+    )
+    assert trainer.eval_dataset is eval_dataset and trainer.eval_dataset["stream"] is stream
+    assert math.isfinite(trainer.evaluate(eval_dataset="map")["eval_loss"])  # the map-style one: fine
+    with pytest.raises(
+        ValueError, match=r"^Row 2 of the evaluation \('stream'\) dataset: its 'prompt' column is None"
+    ):
+        trainer.evaluate()
+    assert trainer.eval_dataset is eval_dataset and trainer.eval_dataset["stream"] is stream
+    # A dataset passed to `evaluate` is checked as well.
+    with pytest.raises(ValueError, match=r"^Row 2 of the evaluation dataset: its 'prompt' column is None"):
+        trainer.evaluate(eval_dataset=stream)
 
 
 def test_a_prompt_too_long_for_the_context_is_reported_when_the_trainer_is_built_naming_the_bound(

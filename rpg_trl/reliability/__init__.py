@@ -13,8 +13,9 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 * [`rpg_trl.reliability.generation_state`]: the buffered generation batch and the micro-step counter are saved with each checkpoint, so a
   resumed run continues exactly where the interrupted one was, also in the middle of a generation cycle.
 * [`checks`]: datasets without a `prompt` column, and rows whose prompt is empty, None, not a string or chat messages,
-  or not encodable by the tokenizer, are refused when the trainer is built (rows of an iterable dataset as they
-  arrive), naming the row; a prompt that, with `max_completion_length`, exceeds the model's positions is reported once.
+  or not encodable by the tokenizer, are refused when the trainer is built (rows of an iterable dataset as its
+  dataloader reads them; the trainer keeps the user's dataset objects), naming the row; a prompt that, with
+  `max_completion_length`, exceeds the model's positions is reported once.
 * [`rpg_trl.reliability.importance_weights`]: non-finite sampling log-probs from the vLLM server are counted
   (`vllm/nonfinite_logps`) and reported once.
 * [`rpg_trl.reliability.importance_weights`]: exploding importance weights are reported (rate-limited), by a mixin of
@@ -30,7 +31,14 @@ part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
 from __future__ import annotations
 
 from .checkpoints import CommittedCheckpointsMixin, DiskFullError
-from .checks import check_prompt_column, check_prompt_rows, check_sequence_length, check_trainer_prompt_rows
+from .checks import (
+    check_prompt_column,
+    check_prompt_rows,
+    check_sequence_length,
+    check_trainer_prompt_rows,
+    iterable_rows_checked,
+    rows_checked_as_they_arrive,
+)
 from .generation_state import load_generation_state, save_generation_state
 from .importance_weights import ImportanceWeightMonitor, ImportanceWeightMonitorMixin, count_nonfinite_sampling_logps
 from .process_failure import watching
@@ -54,16 +62,39 @@ class ReliabilityMixin(CommittedCheckpointsMixin):
         self._reward_guard = RewardGuard()
         # A clear error now for a dataset without prompts, not a KeyError mid-training (unless an environment supplies
         # the prompts).
-        if getattr(self, "environment_factories", None) is None:
+        if self._checks_prompt_rows():
             check_prompt_column(self.train_dataset, "training")
             check_prompt_column(self.eval_dataset, "evaluation")
             # ... and a clear error now for a bad row (empty, None, not a string or chat messages, not encodable),
-            # naming it, not a nameless error when it is sampled, maybe hours in (iterable datasets: as rows arrive).
+            # naming it, not a nameless error when it is sampled, maybe hours in (iterable datasets: as rows arrive,
+            # see get_train_dataloader).
             check_trainer_prompt_rows(self)
         hold_process_group_until_exit()  # a gloo group is destroyed at exit without PyTorch's teardown deadlock
         check_server_model(self)  # vLLM server mode: the server's model has the trained model's weight shapes
         bound_server_requests(self)  # ... every request to it ends within `vllm_request_timeout` seconds
         watch_for_server_failure(self)  # ... and every process stops, naming it, when it fails mid-request
+
+    def _checks_prompt_rows(self) -> bool:
+        # The prompts are the dataset's, unless an environment supplies them (TRL then trains on placeholder rows).
+        return getattr(self, "environment_factories", None) is None
+
+    def get_train_dataloader(self):
+        # The rows of an iterable training dataset are checked as the dataloader reads them: it reads their checked
+        # map, and `self.train_dataset` stays the user's object (TRL's contract), the map living in the dataloader only.
+        if not self._checks_prompt_rows():
+            return super().get_train_dataloader()
+        with iterable_rows_checked(self, "train_dataset", "training"):
+            return super().get_train_dataloader()
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        # As get_train_dataloader, for the evaluation dataset: `self.eval_dataset` (a dict's dataset named by a string)
+        # or one passed to `evaluate`.
+        if not self._checks_prompt_rows():
+            return super().get_eval_dataloader(eval_dataset)
+        if eval_dataset is not None and not isinstance(eval_dataset, str):
+            return super().get_eval_dataloader(rows_checked_as_they_arrive(self, eval_dataset, "evaluation"))
+        with iterable_rows_checked(self, "eval_dataset", "evaluation", name=eval_dataset):
+            return super().get_eval_dataloader(eval_dataset)
 
     def train(self, *args, **kwargs):
         # The failure watcher (vLLM server mode, processes other than the main one) runs while the trainer may use the
@@ -126,5 +157,7 @@ __all__ = [
     "check_prompt_rows",
     "check_sequence_length",
     "count_nonfinite_sampling_logps",
+    "iterable_rows_checked",
+    "rows_checked_as_they_arrive",
     "shutdown_colocated_vllm",
 ]

@@ -6,14 +6,17 @@
 * **Rows** ([`check_prompt_rows`]): a row whose prompt is empty, None, not a string, malformed chat messages, or text
   the tokenizer cannot encode (it raises, or gives no token, or only its unknown token) is refused with a `ValueError`
   naming the row, the column and what is allowed: every row of a map-style dataset when the trainer is built (batched
-  tokenizer calls, a progress bar for long datasets), each row of an iterable dataset as it arrives. TRL would fail on
-  it only when it is sampled, with an error that names no row.
+  tokenizer calls, a progress bar for long datasets), each row of an iterable dataset as it arrives, through a checked
+  map that only the dataloader reads ([`iterable_rows_checked`]): the trainer keeps the user's dataset objects. TRL
+  would fail on the row only when it is sampled, with an error that names no row.
 * **Long prompts**: TRL 1.16 has no `max_prompt_length` and never truncates prompts; one warning, when the trainer is
   built ([`LongPromptReport`]) or else at the first batch ([`check_sequence_length`]), says when a prompt plus
   `max_completion_length` exceeds the model's `max_position_embeddings`, the setting that bounds it.
 """
 
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 from transformers.utils import logging
 
@@ -230,7 +233,8 @@ def check_prompt_rows(
       rows (`show_progress`); the dataset is returned unchanged. With `max_position_embeddings`, the rows whose
       prompt text plus `max_completion_length` exceeds it are counted and reported in one warning.
     * A `datasets.IterableDataset`: returned mapped (`IterableDataset.map`, batched), so that each row is checked as it
-      arrives; its index is its position in the stream.
+      arrives; its index is its position in the stream. A trainer's dataloader reads this map, the trainer keeps the
+      dataset itself ([`iterable_rows_checked`]).
     * Anything else (None, a dataset without a `prompt` column, which [`check_prompt_column`] reports): returned as is.
     """
     import datasets
@@ -284,18 +288,63 @@ def check_prompt_rows(
 
 
 def check_trainer_prompt_rows(trainer) -> None:
-    """[`check_prompt_rows`] on a trainer's training and evaluation datasets (an iterable one is replaced by its
-    checked map), with the trainer's tokenizer, a progress bar unless `disable_tqdm` (main process only), and one
+    """[`check_prompt_rows`] on a trainer's map-style training and evaluation datasets (those of a dict of evaluation
+    datasets included), with the trainer's tokenizer, a progress bar unless `disable_tqdm` (main process only), and one
     warning for the prompts too long for the model's context (which then counts as the run's one length warning,
-    [`check_sequence_length`])."""
+    [`check_sequence_length`]). The datasets stay the trainer's (the user's objects); the rows of an iterable one are
+    checked as they arrive, by the dataloader ([`iterable_rows_checked`])."""
+    import datasets
+
     config = getattr(trainer.accelerator.unwrap_model(trainer.model), "config", None)
     limit = getattr(config, "max_position_embeddings", None)
     report = LongPromptReport(limit if isinstance(limit, int) else None, trainer.args.max_completion_length)
     show = not trainer.args.disable_tqdm and trainer.accelerator.is_local_main_process
     for attribute, split in (("train_dataset", "training"), ("eval_dataset", "evaluation")):
         dataset = getattr(trainer, attribute, None)
-        checked = check_prompt_rows(dataset, trainer.processing_class, split, long_prompts=report, show_progress=show)
-        if checked is not dataset:
-            setattr(trainer, attribute, checked)
+        parts = dataset.items() if isinstance(dataset, dict) else [(None, dataset)]
+        for name, part in parts:
+            if isinstance(part, datasets.IterableDataset):
+                continue  # reading it here would consume the stream: its rows are checked as the dataloader reads them
+            where = split if name is None else f"{split} ({name!r})"
+            check_prompt_rows(part, trainer.processing_class, where, long_prompts=report, show_progress=show)
     if report.warn():
         trainer._warned_sequence_length = True
+
+
+def rows_checked_as_they_arrive(trainer, dataset, split: str):
+    """`dataset` as a dataloader of `trainer` should read it: an iterable dataset as its checked map
+    ([`check_prompt_rows`] with the trainer's tokenizer), so that each row is checked as it arrives; anything else as
+    is (a map-style dataset was checked when the trainer was built)."""
+    import datasets
+
+    if not isinstance(dataset, datasets.IterableDataset):
+        return dataset
+    return check_prompt_rows(dataset, trainer.processing_class, split)
+
+
+@contextmanager
+def iterable_rows_checked(trainer, attribute: str, split: str, name: str | None = None):
+    """While the trainer builds a dataloader from `trainer.<attribute>` (`train_dataset`, or `eval_dataset` and, for a
+    dict of evaluation datasets, the one named `name`), an iterable dataset there is swapped for its checked map
+    ([`rows_checked_as_they_arrive`]), for the duration of the call only: on exit the attribute holds the user's object
+    again, whether the build succeeded or raised.
+
+    GRPOTrainer's `get_train_dataloader` and `get_eval_dataloader` read the attribute, shuffle an iterable dataset and
+    repeat each row for its group of completions: the map is applied before that, so a bad row is named by its position
+    in the stream (not in the repeated stream) and checked once, and afterwards the map lives only inside the
+    dataloader. The user's dataset, or dict of datasets, stays the trainer's (TRL's contract: `trainer.train_dataset is
+    train_dataset`, `trainer.eval_dataset is eval_dataset`)."""
+    held = getattr(trainer, attribute, None)
+    if name is not None and isinstance(held, dict):
+        checked = rows_checked_as_they_arrive(trainer, held.get(name), f"{split} ({name!r})")
+        swapped = held if checked is held.get(name) else {**held, name: checked}
+    else:
+        swapped = rows_checked_as_they_arrive(trainer, held, split)
+    if swapped is held:
+        yield
+        return
+    setattr(trainer, attribute, swapped)
+    try:
+        yield
+    finally:
+        setattr(trainer, attribute, held)

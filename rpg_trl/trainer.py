@@ -51,7 +51,9 @@ class RPGTrainer(
     [`RefModelSyncCallback`]). With `kl_target`, [`~rpg_trl.kl_control.AdaptiveKLCallback`] sets β (`rpg_beta`) after
     every optimizer step from the KL that `_log_rpg_metrics` hands it.
 
-    Generation, rewards, vLLM, PEFT, DeepSpeed/FSDP, gradient accumulation and logging are otherwise TRL's.
+    Generation, rewards, vLLM, PEFT, DeepSpeed/FSDP, gradient accumulation and logging are otherwise TRL's. Everything
+    this class and its mixins do beyond the loss, each with the option that turns it off and the test that checks it,
+    is one table of the rpg_trl docs, "Beyond the loss".
     """
 
     _tag_names = ["trl", "rpg"]

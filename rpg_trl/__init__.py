@@ -51,3 +51,23 @@ __all__ = [
     "rpg_loss",
     "rpg_per_token_loss",
 ]
+# On a TRL older than the asynchronous trainer needs (rpg_trl.trl_surface.ASYNC_TRL), `from rpg_trl import *` leaves its
+# names out rather than raising the ImportError that `rpg_trl.AsyncRPGTrainer` raises there, naming the release it needs.
+# The installed release is read from the package metadata: importing TRL takes seconds.
+
+
+def _without_async_names(names: list[str]) -> list[str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from packaging.version import Version
+
+    from .trl_surface import ASYNC_TRL
+
+    try:
+        installed = Version(version("trl"))
+    except PackageNotFoundError:  # pragma: no cover - TRL is a requirement
+        return names
+    return names if installed >= Version(ASYNC_TRL) else [n for n in names if not n.startswith("Async")]
+
+
+__all__ = _without_async_names(__all__)

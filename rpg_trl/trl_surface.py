@@ -8,7 +8,10 @@ with what the library does with it; [`check_private_surface`] compares the table
 transformers and returns what moved. `tests/test_trl_surface.py` runs it, and also checks that the table is complete
 (every private name of TRL's trainers that the library touches, and every batch key it reads, is listed).
 
-Before bumping the pinned TRL (``trl==1.16.0`` in ``setup.cfg``): install the new release, run
+The library supports a window of TRL releases (``trl>=1.14.2,<1.17`` in ``setup.cfg``, [`TRL_WINDOW`]), and the table
+is written for each of them: an entry that a release of the window has otherwise, or lacks, says for which releases it
+holds (`releases`: the asynchronous trainer's names from TRL 1.16, [`ASYNC_TRL`]), and the check compares the installed
+TRL with the entries of its own release. Before widening the window to a new release: install it, run
 ``python -m pytest tests/test_trl_surface.py``, and go through what it lists (``docs/design.md``, "Bumping TRL").
 
 Why private overrides rather than public hooks: TRL 1.16 has no public hook for the loss (`_compute_loss` is what
@@ -27,9 +30,15 @@ import inspect
 import re
 from dataclasses import dataclass
 
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
-#: The TRL release the table was written against (the pin in ``setup.cfg``).
-TRL_VERSION = "1.16.0"
+
+#: The TRL releases the library supports and the table is written for (``setup.cfg``'s ``trl>=1.14.2,<1.17``).
+TRL_WINDOW = ">=1.14.2,<1.17"
+#: The first TRL release with what `rpg_trl.async_rpg` builds on (`trl.experimental.async_grpo`'s packed stream and
+#: tree attention, new in TRL 1.16): AsyncRPGTrainer and AsyncRPGConfig refuse an older one ([`require_trl`]).
+ASYNC_TRL = "1.16.0"
 
 GRPO = "trl.GRPOTrainer"
 ASYNC_GRPO = "trl.experimental.async_grpo.AsyncGRPOTrainer"
@@ -56,18 +65,28 @@ class PrivateName:
     #: `behaviour`: source fragments of the owner's method that the library's use depends on.
     signature: tuple[str, ...] = ()
     note: str = ""
+    #: The TRL releases of the window for which the entry holds, as a version specifier (``">=1.16.0"``); empty: all.
+    releases: str = ""
+
+    def holds_for(self, release: str) -> bool:
+        """Whether the entry describes TRL `release` ("1.14.2")."""
+        return not self.releases or SpecifierSet(self.releases).contains(Version(release), prereleases=True)
 
 
-def _methods(owner, kind, used_in, note, **signatures):
-    return [PrivateName(owner, name, kind, used_in, tuple(params), note) for name, params in signatures.items()]
+def _methods(owner, kind, used_in, note, releases="", **signatures):
+    return [
+        PrivateName(owner, name, kind, used_in, tuple(params), note, releases) for name, params in signatures.items()
+    ]
 
 
-def _keys(owner, used_in, names, note=""):
-    return [PrivateName(owner, name, "batch key", used_in, (), note) for name in names]
+def _keys(owner, used_in, names, note="", releases=""):
+    return [PrivateName(owner, name, "batch key", used_in, (), note, releases) for name in names]
 
 
 _TRAINER_PY, _RFPP, _DS, _REL = "trainer.py", "reinforce_plus_plus.py", "dynamic_sampling.py", "reliability/"
 _ASYNC = "async_rpg/trainer.py"
+#: The entries of TRL's asynchronous trainer: `trl.experimental.async_grpo` as the library uses it is TRL 1.16's.
+_FROM_ASYNC_TRL = f">={ASYNC_TRL}"
 _MULTIMODAL = (
     "pixel_values",
     "image_grid_thw",
@@ -82,7 +101,8 @@ _MULTIMODAL = (
 )
 
 # fmt: off
-#: Every private name of TRL and transformers that the library relies on (TRL 1.16.0, transformers 5.17 to 5.24).
+#: Every private name of TRL and transformers that the library relies on (TRL 1.14.2 to 1.16, [`TRL_WINDOW`];
+#: transformers 5.17 to 5.24).
 PRIVATE_SURFACE: tuple[PrivateName, ...] = (
     # ---- GRPOTrainer: the loss and the generated batch
     *_methods(GRPO, "override", (_TRAINER_PY, _RFPP), "RPG's loss (Sec. 3, Tables 1 and 4) replaces GRPO's.",
@@ -98,9 +118,14 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
     *_methods(GRPO, "override", (_REL,), "Length checks on the batch; the generation state for exact resume.",
               _prepare_inputs=("generation_batch",)),
     *_methods(GRPO, "call", (_TRAINER_PY, _RFPP), "The policy's log-probs and entropies, as GRPO computes them.",
-              _get_per_token_logps_and_entropies=(
+              releases=">=1.15", _get_per_token_logps_and_entropies=(
                   "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
                   "compute_aux_loss", *_MULTIMODAL)),
+    *_methods(GRPO, "call", (_TRAINER_PY, _RFPP),
+              "TRL 1.14 passes the same arguments on to `_full_logits_logps` (or, with Liger, `_chunked_logps`), "
+              "whose parameters are those of 1.15's `_get_per_token_logps_and_entropies`.",
+              releases="<1.15", _get_per_token_logps_and_entropies=("model", "args", "batch_size", "compute_aux_loss",
+                                                                     "kwargs")),
     # ---- transformers.Trainer: checkpoints and datasets
     *_methods(TRAINER, "override", (_TRAINER_PY, "reliability/checkpoints.py"),
               "The synced reference and the commit record go into the checkpoint; the Hub push waits for the "
@@ -158,26 +183,69 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
     *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, "reliability/importance_weights.py"),
            ("sampling_per_token_logps",), "Non-finite values (vLLM's NaN log-probs) are counted."),
     *_keys(f"{GRPO}._compute_loss", (_TRAINER_PY,), _MULTIMODAL, "Passed on to the model as GRPOTrainer does."),
-    # ---- AsyncGRPOTrainer: the packed stream, its loss and its step accounting
-    PrivateName(ASYNC_GRPO, "_metrics", "state", (_ASYNC,), note="mode -> metric -> list of values."),
+    # ---- AsyncGRPOTrainer: the packed stream, its loss and its step accounting (TRL 1.16 on: _FROM_ASYNC_TRL)
+    PrivateName(ASYNC_GRPO, "_metrics", "state", (_ASYNC,), note="mode -> metric -> list of values.",
+                releases=_FROM_ASYNC_TRL),
     PrivateName(ASYNC_GRPO, "_rollout_dataset", "state", (_ASYNC,),
-                note="The rollout queue's dataset (main process): its health check also probes the vLLM server."),
+                note="The rollout queue's dataset (main process): its health check also probes the vLLM server.",
+                releases=_FROM_ASYNC_TRL),
     PrivateName("trl.experimental.async_grpo.async_grpo_trainer.RolloutQueueDataset", "check_health_fn", "state",
-                (_ASYNC,), note="The health check it calls while the trainer waits on an empty queue."),
+                (_ASYNC,), note="The health check it calls while the trainer waits on an empty queue.",
+                releases=_FROM_ASYNC_TRL),
     *_methods(ASYNC_GRPO, "override", (_ASYNC,), "A weight sync probes the vLLM server and names it when it is dead.",
-              _sync_weight=()),
+              releases=_FROM_ASYNC_TRL, _sync_weight=()),
     PrivateName(ASYNC_GRPO, "__init__", "behaviour", (_ASYNC,), ("StepIntervalCallback(self._sync_weight",),
-                "Every weight sync after the cold one goes through self._sync_weight (the override above)."),
+                "Every weight sync after the cold one goes through self._sync_weight (the override above).",
+                releases=_FROM_ASYNC_TRL),
     *[PrivateName(ASYNC_GRPO, name, "state", (_ASYNC,),
-                  note="Per-step accounting flushed by AsyncGRPOTrainer._log_step_metrics (throughput, MFU).")
+                  note="Per-step accounting flushed by AsyncGRPOTrainer._log_step_metrics (throughput, MFU).",
+                  releases=_FROM_ASYNC_TRL)
       for name in ("_last_forward_time_s", "_step_forward_s", "_step_forward_tokens", "_step_samples",
                    "_step_seq_len_weighted", "_step_trained_tokens")],
     *_keys(f"{ASYNC_GRPO}.compute_loss", (_ASYNC,),
            ("attention_mask", "input_ids", "position_ids", "shift_labels", "token_index", "old_log_probs",
             "advantages", "segment_id", "global_n_tokens", "global_n_forward_tokens", "mean_seq_len",
-            "tree_max_seqlens", "tree_cu_seqlens_q", "tree_cu_seqlens_k", "tree_kv_index")),
+            "tree_max_seqlens", "tree_cu_seqlens_q", "tree_cu_seqlens_k", "tree_kv_index"),
+           releases=_FROM_ASYNC_TRL),
 )
 # fmt: on
+
+
+def installed_trl_release() -> str:
+    """The release of the installed TRL ("1.16.0"), as `trl.__version__` gives it."""
+    import trl
+
+    return trl.__version__
+
+
+def in_trl_window(release: str) -> bool:
+    """Whether TRL `release` ("1.15.0") is one of [`TRL_WINDOW`]."""
+    return SpecifierSet(TRL_WINDOW).contains(Version(release), prereleases=True)
+
+
+def require_trl(minimum: str, what: str, instead: str = "") -> None:
+    """
+    Raise an `ImportError` when the installed TRL is older than `minimum`: the message names what needs it (`what`),
+    the release it needs and the installed one, the install command of a release that serves (the newest releases of
+    [`TRL_WINDOW`]), and `instead` (what works with the installed release).
+    """
+    installed = installed_trl_release()
+    if Version(installed) >= Version(minimum):
+        return
+    ceiling = ",".join(str(spec) for spec in SpecifierSet(TRL_WINDOW) if spec.operator in ("<", "<="))
+    raise ImportError(
+        f"{what} needs TRL {minimum} or later, and the installed TRL is {installed}: "
+        f'`pip install "trl>={minimum},{ceiling}"`.' + (f" {instead}" if instead else "")
+    )
+
+
+def require_async_trl() -> None:
+    """Refuse, with an `ImportError` naming both releases, a TRL older than [`ASYNC_TRL`] for `rpg_trl.async_rpg`."""
+    require_trl(
+        ASYNC_TRL,
+        "rpg_trl.async_rpg (AsyncRPGTrainer and AsyncRPGConfig, on trl.experimental.async_grpo)",
+        "RPGTrainer and RPGConfig run on the installed TRL.",
+    )
 
 
 def _resolve(dotted: str):
@@ -206,10 +274,12 @@ def _source_of_class(cls) -> str:
     return "\n".join(chunks)
 
 
-def check_private_surface(surface=PRIVATE_SURFACE) -> list[str]:
+def check_private_surface(surface=PRIVATE_SURFACE, release: str | None = None) -> list[str]:
     """
-    Compare `surface` with the installed TRL and transformers; return one line per name that moved (empty when
-    everything the library relies on is where it expects it):
+    Compare the entries of `surface` that hold for the installed TRL's release (`release` when given: the entries of
+    that release, [`PrivateName.holds_for`]) with the installed TRL and transformers; return one line per name that
+    moved (empty when everything the library relies on is where it expects it), and a first line when the release is
+    outside [`TRL_WINDOW`] (the table has not been checked against it):
 
     * `override`/`call`: the owner has the method, with exactly the parameters of `signature` after ``self``;
     * `state`: the owner (or one of its TRL/transformers bases) assigns ``self.<name>``;
@@ -217,9 +287,14 @@ def check_private_surface(surface=PRIVATE_SURFACE) -> list[str]:
     * `batch key`: the owner's source mentions the key as a string;
     * `behaviour`: the owner's method contains each source fragment of `signature`.
     """
+    release = release or installed_trl_release()
     problems = []
+    if not in_trl_window(release):
+        problems.append(f"TRL {release} is outside the window the table is written for ({TRL_WINDOW})")
     sources: dict[str, str] = {}
     for entry in surface:
+        if not entry.holds_for(release):
+            continue
         where = f"{entry.owner}.{entry.name} ({entry.kind}, used in {', '.join(entry.used_in)})"
         try:
             owner = _resolve(entry.owner)

@@ -22,6 +22,7 @@ from rpg_trl.kl_control import AdaptiveKLCallback, AdaptiveKLController
 from helpers import kl_control_two_proc
 from helpers.ports import free_port
 from helpers.tiny_runs import logged, make_trainer, rpg_warnings
+from helpers.trl_release import needs_async_trl
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -290,6 +291,7 @@ def test_resume_continues_with_the_saved_beta(tiny_model_dir, tmp_path, restore_
     assert logged(restarted, "beta")[2] == 0.05  # step 3
 
 
+@needs_async_trl
 def test_async_trainer_refuses_a_kl_target():
     from rpg_trl.async_rpg import AsyncRPGConfig
 

@@ -1,7 +1,8 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """The release files agree with the package: one version in `rpg_trl.__version__`, CITATION.cff and CHANGELOG.md; the
 license that setup.cfg declares is the LICENSE file it ships; CITATION.cff cites the paper as the README does; the
-README names the TRL release that setup.cfg pins. What the built sdist and wheel contain is checked by `.ci/wheel`."""
+README names the window of TRL releases that setup.cfg admits, whose oldest release CI tests. What the built sdist and
+wheel contain is checked by `.ci/wheel`."""
 
 import re
 from pathlib import Path
@@ -49,10 +50,28 @@ def test_the_citation_names_the_paper_as_the_readme_does():
     assert (paper["collection-title"], paper["year"]) == (fields["booktitle"], int(fields["year"]))
 
 
-def test_the_readme_names_the_pinned_trl():
-    pin = re.search(r"^\s*(trl==\S+)\s*$", SETUP, re.M).group(1)
-    readme = (ROOT / "README.md").read_text()
-    assert f"`{pin}`" in readme and "rpg_trl/trl_surface.py" in readme
+def _trl_window() -> str:
+    """setup.cfg's TRL requirement (``trl>=1.14.2,<1.17``)."""
+    return re.search(r"^\s*(trl[<>=!~]\S+)\s*$", SETUP, re.M).group(1)
+
+
+def test_the_readme_names_setup_cfgs_trl_window():
+    """The README's "Install" section names the TRL releases setup.cfg admits, exactly, and the table of TRL's private
+    names that the window is checked with."""
+    window = _trl_window()
+    install = (ROOT / "README.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
+    assert re.fullmatch(r"trl>=\d+\.\d+\.\d+,<\d+\.\d+", window), window  # a floor and a ceiling, no pin
+    assert f"`{window}`" in install and "rpg_trl/trl_surface.py" in install
+
+
+def test_the_trl_floor_is_the_release_ci_tests_and_ci_runs_it():
+    """setup.cfg's oldest TRL is the release `.ci/trl_floor` installs (its `TRL_FLOOR`), and `.ci/run` runs that
+    script: the fast tier on the window's oldest release (the main environment runs the newest)."""
+    floor = re.match(r"trl>=(\d+\.\d+\.\d+),", _trl_window()).group(1)
+    script = (ROOT / ".ci" / "trl_floor").read_text()
+    assert re.search(rf"^TRL_FLOOR={re.escape(floor)}$", script, re.M), f"setup.cfg's TRL floor {floor} is not CI's"
+    assert '"trl==$TRL_FLOOR"' in script and '-m "not slow"' in script
+    assert "bash .ci/trl_floor" in (ROOT / ".ci" / "run").read_text(), ".ci/run does not run .ci/trl_floor"
 
 
 def test_the_torch_floor_is_the_oldest_tested_release_and_has_what_the_failure_watcher_needs():

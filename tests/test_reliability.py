@@ -1290,3 +1290,97 @@ def test_a_vllm_server_that_hangs_stops_every_process_and_leaves_none():
     assert seconds < 90, seconds
     left = [p.pid for p in psutil.process_iter(["cmdline"]) if tag in " ".join(p.info["cmdline"] or [])]
     assert left == [], left
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The served model's configuration on every TRL of the window: TRL 1.14 and 1.15's VLLMClient has no get_server_info
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+class _Session:
+    """Stands in for a client's `requests.Session`: answers every GET with `status` and `body` (a JSON tree, or a
+    `ValueError` for a body that is not JSON) and records each request's URL and keyword arguments."""
+
+    def __init__(self, status: int, body):
+        self.status, self.body, self.requests = status, body, []
+
+    def get(self, url, **kwargs):
+        self.requests.append((url, kwargs))
+
+        def json():
+            if isinstance(self.body, Exception):
+                raise self.body
+            return self.body
+
+        return SimpleNamespace(status_code=self.status, json=json, text=str(self.body))
+
+
+def _old_client(status, body):
+    """A client of TRL 1.14 or 1.15 (no `get_server_info`) on a server answering `/server_info` with `status`, `body`."""
+    return SimpleNamespace(base_url="http://127.0.0.1:8000", session=_Session(status, body))
+
+
+def test_the_served_model_configuration_is_read_from_vllms_endpoint_when_the_client_lacks_get_server_info():
+    """A client without `get_server_info` (TRL 1.14, 1.15): the configuration comes from the request that TRL 1.16's
+    `get_server_info` makes (checked against TRL's own method where the installed TRL has it); a client with the
+    method: from the method, without another request."""
+    from rpg_trl.reliability.vllm_server import served_model_config
+
+    model_config = {"model": "/models/tiny", "revision": "abc", "trust_remote_code": False}
+    client = _old_client(200, {"vllm_config": {"model_config": model_config, "weight_transfer_config": None}})
+    assert not hasattr(client, "get_server_info")
+    assert served_model_config(client) == model_config
+    assert client.session.requests == [("http://127.0.0.1:8000/server_info", {"params": {"config_format": "json"}})]
+    from trl.generation.vllm_client import VLLMClient
+
+    if hasattr(VLLMClient, "get_server_info"):  # TRL 1.16: the same request, the same answer
+        trl_client = _old_client(200, client.session.body)
+        assert VLLMClient.get_server_info(trl_client)["model_config"] == model_config
+        assert trl_client.session.requests == client.session.requests
+    new_client = SimpleNamespace(get_server_info=lambda: {"model_config": {"model": "m"}}, session=_Session(500, {}))
+    assert served_model_config(new_client) == {"model": "m"} and new_client.session.requests == []
+
+
+@pytest.mark.parametrize(
+    "status, body",
+    [(404, {"detail": "Not Found"}), (200, {"vllm_config": "ModelConfig(model='m', ...)"}), (200, ValueError("html"))],
+    ids=["no development endpoints", "configuration as a string", "not JSON"],
+)
+def test_a_server_that_does_not_report_its_model_is_not_checked_with_a_warning(status, body):
+    """Without a configuration in JSON form from `/server_info`, a client without `get_server_info` gives None, and
+    the check of the served model warns, naming the server, and lets the run go on."""
+    from rpg_trl.reliability.vllm_server import check_server_model, served_model_config
+
+    client = _old_client(status, body)
+    assert served_model_config(client) is None
+    trainer = _server_mode_trainer(client, config=None)
+    with pytest.warns(UserWarning, match=r"The vLLM server at http://127\.0\.0\.1:8000 does not report its model "):
+        check_server_model(trainer)
+
+
+def _server_mode_trainer(client, config):
+    """What `check_server_model` reads of a one-process server-mode trainer whose model has `config`."""
+    return SimpleNamespace(
+        args=SimpleNamespace(use_vllm=True, vllm_mode="server"),
+        vllm_generation=SimpleNamespace(vllm_client=client),
+        accelerator=SimpleNamespace(is_main_process=True, num_processes=1, unwrap_model=lambda model: model),
+        model=SimpleNamespace(config=config),
+    )
+
+
+def test_the_served_model_is_checked_through_the_fallback(tiny_model_dir):
+    """Through a client without `get_server_info`, the server's model (the tiny model's folder) is read and compared:
+    the trainer's own model passes; a model with another vocabulary is refused, naming the field and both sizes."""
+    from transformers import AutoConfig
+
+    from rpg_trl.reliability import VLLMServerError
+    from rpg_trl.reliability.vllm_server import check_server_model
+
+    body = {"vllm_config": {"model_config": {"model": str(tiny_model_dir), "revision": None}}}
+    config = AutoConfig.from_pretrained(tiny_model_dir)
+    check_server_model(_server_mode_trainer(_old_client(200, body), config))  # same shapes: no error
+    other = AutoConfig.from_pretrained(tiny_model_dir, vocab_size=config.vocab_size + 8)
+    with pytest.raises(
+        VLLMServerError, match=rf"vocab_size: trainer {config.vocab_size + 8}, server {config.vocab_size}"
+    ):
+        check_server_model(_server_mode_trainer(_old_client(200, body), other))

@@ -1,18 +1,34 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """TRL's private surface (`rpg_trl.trl_surface`): every private TRL/transformers name the library relies on is where the
-table says in the installed TRL, the check reports each kind of move, and the table is complete (every private name of
-TRL's trainers that the library touches, and every batch key it reads, is listed). After a TRL upgrade, the first test
-lists what moved (docs/design.md, "Bumping TRL")."""
+table says in the installed TRL (its entries for that release: the library supports a window of TRL releases), the
+check reports each kind of move, and the table is complete (every private name of TRL's trainers that the library
+touches, and every batch key it reads, is listed). After a TRL upgrade, the first test lists what moved
+(docs/design.md, "Bumping TRL"). Also: the asynchronous trainer's refusal of a TRL older than it needs."""
 
 import ast
+import importlib
 import inspect
 import re
+import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
-from rpg_trl.trl_surface import ASYNC_GRPO, GRPO, PRIVATE_SURFACE, PrivateName, check_private_surface
+from rpg_trl import trl_surface
+from rpg_trl.trl_surface import (
+    ASYNC_GRPO,
+    ASYNC_TRL,
+    GRPO,
+    PRIVATE_SURFACE,
+    TRL_WINDOW,
+    PrivateName,
+    check_private_surface,
+    in_trl_window,
+    installed_trl_release,
+)
+
+from helpers.trl_release import async_trl_missing, needs_async_trl
 
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rpg_trl"
@@ -65,12 +81,14 @@ def _trl_private_names() -> set[str]:
     attribute their sources assign (``self._x = ...``)."""
     import trl
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # trl.experimental warns on import
-        from trl.experimental.async_grpo import AsyncGRPOTrainer
+    if not async_trl_missing():  # TRL 1.14 and 1.15: the library's asynchronous trainer is not there (ASYNC_TRL)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # trl.experimental warns on import
+            from trl.experimental.async_grpo import AsyncGRPOTrainer
 
     names = set()
-    for cls in (trl.GRPOTrainer, AsyncGRPOTrainer):
+    trainers = (trl.GRPOTrainer,) if async_trl_missing() else (trl.GRPOTrainer, AsyncGRPOTrainer)
+    for cls in trainers:
         for base in cls.__mro__:
             if base.__module__.split(".")[0] not in ("trl", "transformers"):
                 continue
@@ -102,7 +120,8 @@ def _library_private_names() -> dict[str, set[str]]:
 
 def test_the_table_lists_every_private_trl_name_the_library_touches():
     trl_names = _trl_private_names()
-    assert {"_compute_loss", "_metrics", "_buffered_inputs", "_step_forward_s", "_save_checkpoint"} <= trl_names
+    assert {"_compute_loss", "_metrics", "_buffered_inputs", "_save_checkpoint"} <= trl_names
+    assert async_trl_missing() or "_step_forward_s" in trl_names
     listed = {e.name for e in PRIVATE_SURFACE if e.kind != "batch key"}
     touched = _library_private_names()
     missing = {name: sorted(modules) for name, modules in touched.items() if name in trl_names and name not in listed}
@@ -168,6 +187,7 @@ def test_the_table_lists_every_batch_key_the_library_reads():
     assert missing == {}, "batch keys read but not in rpg_trl.trl_surface.PRIVATE_SURFACE"
 
 
+@needs_async_trl
 def test_the_async_keys_are_the_ones_of_trls_packed_stream():
     """The packed-stream keys are those AsyncGRPOTrainer declares as its signature columns (independent of the table's
     source check, which reads compute_loss)."""
@@ -181,9 +201,79 @@ def test_the_async_keys_are_the_ones_of_trls_packed_stream():
     assert "tree_kv_index" in table and table <= declared
 
 
-def test_the_table_is_for_the_pinned_trl():
-    """`TRL_VERSION` is the release pinned in setup.cfg: a bump of the pin comes with a revision of the table."""
-    from rpg_trl.trl_surface import TRL_VERSION
-
+def test_the_tables_window_is_setup_cfgs_and_holds_the_installed_trl():
+    """`TRL_WINDOW` is the TRL requirement of setup.cfg: widening the window comes with a revision of the table. The
+    installed TRL is one of its releases (the CI environments run its newest, .ci/run, and its oldest, .ci/trl_floor)."""
     setup = (PACKAGE.parent / "setup.cfg").read_text()
-    assert re.search(r"^\s*trl==(\S+)\s*$", setup, re.M).group(1) == TRL_VERSION
+    assert re.search(r"^\s*trl(\S+)\s*$", setup, re.M).group(1) == TRL_WINDOW
+    assert in_trl_window(installed_trl_release())
+
+
+#: Releases of the window, its oldest and newest among them (`pip index versions trl`; checked against the window below).
+WINDOW_RELEASES = ("1.14.2", "1.15.0", "1.16.0")
+
+
+def test_each_release_of_the_window_has_one_description_of_each_method():
+    """Per release, the entries that hold describe each method the library overrides or calls once (with the
+    parameters of that release); the asynchronous trainer's entries hold from ASYNC_TRL on, and only they and the
+    `_get_per_token_logps_and_entropies` of TRL 1.14 (which passes its arguments on with `*args, **kwargs`) are
+    limited to some releases."""
+    assert [in_trl_window(r) for r in WINDOW_RELEASES] == [True] * 3
+    assert not in_trl_window("1.14.1") and not in_trl_window("1.17.0") and in_trl_window("1.16.1")
+    for release in WINDOW_RELEASES:
+        methods = [
+            (e.owner, e.name) for e in PRIVATE_SURFACE if e.kind in ("override", "call") and e.holds_for(release)
+        ]
+        assert len(methods) == len(set(methods)), release
+        logps = [e for e in PRIVATE_SURFACE if e.name == "_get_per_token_logps_and_entropies" and e.holds_for(release)]
+        assert [e.signature[1] for e in logps] == ["args" if release == "1.14.2" else "input_ids"], release
+    for entry in PRIVATE_SURFACE:
+        if entry.owner.startswith("trl.experimental.async_grpo"):
+            assert entry.releases == f">={ASYNC_TRL}", (entry.owner, entry.name)
+            assert [entry.holds_for(r) for r in WINDOW_RELEASES] == [False, False, True]
+        elif entry.releases:
+            assert entry.name == "_get_per_token_logps_and_entropies", (entry.owner, entry.name, entry.releases)
+
+
+def test_the_check_compares_only_the_entries_of_the_installed_release():
+    """An entry of other releases is left out of the check (a method TRL 1.14 or 1.15 lacks is no move on 1.16); one of
+    the installed release is checked; a release outside the window is named first."""
+    missing = PrivateName(GRPO, "_no_such_method", "call", ("m",), ("x",))
+    release = installed_trl_release()
+    assert check_private_surface([PrivateName(**{**vars(missing), "releases": "<1.0"})]) == []
+    assert len(check_private_surface([PrivateName(**{**vars(missing), "releases": f"=={release}"})])) == 1
+    assert check_private_surface([], release="1.17.0") == [
+        f"TRL 1.17.0 is outside the window the table is written for ({TRL_WINDOW})"
+    ]
+
+
+@pytest.mark.parametrize("release", ["1.14.2", "1.15.0"])
+def test_the_async_trainer_refuses_a_trl_older_than_it_needs_naming_both_releases(release, monkeypatch):
+    """Importing `rpg_trl.async_rpg` (AsyncRPGTrainer, AsyncRPGConfig) with a TRL older than 1.16 raises an ImportError
+    that names the release it needs, the installed one and the install command (setup.cfg's window from 1.16), before
+    it imports `trl.experimental` (which TRL 1.14 cannot import without aiohttp); `import rpg_trl` is unaffected."""
+    monkeypatch.setattr(trl_surface, "installed_trl_release", lambda: release)
+    monkeypatch.delitem(sys.modules, "rpg_trl.async_rpg", raising=False)
+    with pytest.raises(ImportError) as error:
+        importlib.import_module("rpg_trl.async_rpg")
+    assert str(error.value) == (
+        "rpg_trl.async_rpg (AsyncRPGTrainer and AsyncRPGConfig, on trl.experimental.async_grpo) needs TRL 1.16.0 or "
+        f'later, and the installed TRL is {release}: `pip install "trl>=1.16.0,<1.17"`. RPGTrainer and RPGConfig run '
+        "on the installed TRL."
+    )
+    monkeypatch.setattr(trl_surface, "installed_trl_release", lambda: "1.16.0")
+    trl_surface.require_async_trl()  # 1.16 serves
+
+
+@pytest.mark.parametrize("release, has_async", [("1.14.2", False), ("1.15.0", False), ("1.16.0", True)])
+def test_star_import_leaves_the_async_names_out_on_a_trl_without_the_async_trainer(monkeypatch, release, has_async):
+    """`from rpg_trl import *` imports every name of `rpg_trl.__all__`: on a TRL older than the asynchronous trainer
+    needs, its two names are left out (their attribute raises the ImportError naming the release), the rest kept."""
+    import importlib.metadata
+
+    import rpg_trl
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: release if name == "trl" else "0")
+    names = ["AsyncRPGConfig", "AsyncRPGTrainer", "RPGConfig", "RPGTrainer", "rpg_loss"]
+    kept = rpg_trl._without_async_names(names)
+    assert kept == (names if has_async else ["RPGConfig", "RPGTrainer", "rpg_loss"])

@@ -102,13 +102,35 @@ def model_mismatch(trainer_config, server_config) -> dict:
     return diff
 
 
+def served_model_config(client) -> dict | None:
+    """
+    The `model_config` of the vLLM server that `client` (TRL's `VLLMClient`) talks to, as a JSON tree: from
+    `client.get_server_info()` (TRL 1.16), else from the endpoint that method reads, vLLM's own `GET /server_info` in
+    its JSON form (the clients of TRL 1.14 and 1.15 lack the method; the server is vLLM's in every release of the
+    window, `trl vllm-serve` starting it with its development endpoints, `VLLM_SERVER_DEV_MODE=1`). `None` when the
+    server does not answer that endpoint with a configuration (started without the development endpoints, or a vLLM
+    whose `/server_info` is not JSON): nothing tells then which model it serves.
+    """
+    get_server_info = getattr(client, "get_server_info", None)
+    if get_server_info is not None:
+        return get_server_info()["model_config"]
+    response = client.session.get(f"{client.base_url}/server_info", params={"config_format": "json"})
+    if response.status_code != 200:
+        return None
+    try:
+        model_config = response.json()["vllm_config"]["model_config"]
+    except (ValueError, KeyError, TypeError):  # not JSON, or an older vLLM's configuration as one string
+        return None
+    return model_config if isinstance(model_config, dict) else None
+
+
 def check_server_model(trainer) -> None:
     """
     Refuse, before training, a vLLM server whose model has other weight shapes than the trainer's (vocabulary,
     architecture, sizes): its served model's configuration (read from the model id or folder it reports) is compared
     with the trainer's on [`SHAPE_FIELDS`]. Runs on the main process (the one that talks to the server); the decision is
     shared so that every process raises together. A server whose model configuration cannot be read here (e.g. a
-    folder on another machine) is not checked, with a warning.
+    folder on another machine), or that does not report it ([`served_model_config`]), is not checked, with a warning.
     """
     if not uses_vllm_server(trainer):
         return
@@ -118,35 +140,52 @@ def check_server_model(trainer) -> None:
 
     message = None
     if trainer.accelerator.is_main_process:
-        from transformers import AutoConfig
-
         url = _server_url(trainer)
-        model_config = trainer.vllm_generation.vllm_client.get_server_info()["model_config"]
-        served = model_config["model"]
-        try:
-            server_config = AutoConfig.from_pretrained(
-                served, revision=model_config.get("revision"), trust_remote_code=model_config.get("trust_remote_code")
-            )
-        except Exception as exc:  # noqa: BLE001 - any failure to read it only means "cannot check"
+        model_config = served_model_config(trainer.vllm_generation.vllm_client)
+        if model_config is None:
             warnings.warn(
-                f"The model of the vLLM server at {url} ({served!r}) could not be read here ({exc}); its vocabulary "
-                "and architecture are not checked against the trainer's.",
+                f"The vLLM server at {url} does not report its model configuration (vLLM's `GET /server_info` in JSON "
+                "form, a development endpoint: start it with `trl vllm-serve`, or with `VLLM_SERVER_DEV_MODE=1`); its "
+                "vocabulary and architecture are not checked against the trainer's.",
                 stacklevel=3,
             )
         else:
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            diff = model_mismatch(model.config, server_config)
-            if diff:
-                listed = ", ".join(f"{name}: trainer {a!r}, server {b!r}" for name, (a, b) in diff.items())
-                message = (
-                    f"The vLLM server at {url} serves {served!r}, whose weights do not match the model being trained "
-                    f"({listed}): the weight sync would fail or corrupt the server's model. Start the server with the "
-                    "trained model (`trl vllm-serve --model <the trainer's model>`) or point `vllm_server_base_url` "
-                    "at the right server."
-                )
+            message = _model_mismatch_message(trainer, url, model_config)
     message = _shared(trainer, message, broadcast_object_list)
     if message is not None:
         raise VLLMServerError(message)
+
+
+def _model_mismatch_message(trainer, url, model_config) -> str | None:
+    """Why the server's model (its `model_config`) cannot take the trainer's weights; `None` when it can, or, with a
+    warning, when its configuration cannot be read here."""
+    import warnings
+
+    from transformers import AutoConfig
+
+    served = model_config["model"]
+    try:
+        server_config = AutoConfig.from_pretrained(
+            served, revision=model_config.get("revision"), trust_remote_code=model_config.get("trust_remote_code")
+        )
+    except Exception as exc:  # noqa: BLE001 - any failure to read it only means "cannot check"
+        warnings.warn(
+            f"The model of the vLLM server at {url} ({served!r}) could not be read here ({exc}); its vocabulary "
+            "and architecture are not checked against the trainer's.",
+            stacklevel=4,
+        )
+        return None
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    diff = model_mismatch(model.config, server_config)
+    if not diff:
+        return None
+    listed = ", ".join(f"{name}: trainer {a!r}, server {b!r}" for name, (a, b) in diff.items())
+    return (
+        f"The vLLM server at {url} serves {served!r}, whose weights do not match the model being trained "
+        f"({listed}): the weight sync would fail or corrupt the server's model. Start the server with the "
+        "trained model (`trl vllm-serve --model <the trainer's model>`) or point `vllm_server_base_url` "
+        "at the right server."
+    )
 
 
 def _shared(trainer, value, broadcast_object_list):

@@ -6,10 +6,11 @@ sampling policy) and by TRL's `GRPOTrainer` (beta 1e-4, the KL to the warm start
 fine-tuning and with LoRA, all the runs at once on the one GPU (one process each); held-out accuracy (mean@4 at
 temperature 1 on 400 problems never trained on) at the start, every `--eval-every` steps and at the end.
 
-    python research/gpu/gpu_learn.py warm-starts WARM [--seeds 0,1,2] [--device cpu] [--sft-steps 1500]
-    python research/gpu/gpu_learn.py train WARM RESULTS [--seeds 0,1,2] [--device cuda] [--steps 400] [--modes full,lora]
+    python research/gpu/gpu_learn.py warm-starts WARM [--seeds 0,1,2,3,4,5] [--device cpu] [--sft-steps 1500]
+    python research/gpu/gpu_learn.py train WARM RESULTS [--seeds 0,1,2,3,4,5] [--device cuda] [--steps 400] [--modes lora,full]
         [--learning-rates lora=1e-3,full=6e-4] [--lora-rank 16] [--lora-learning-rates 1e-3,2e-3,...]
     python research/gpu/gpu_learn.py summary RESULTS
+    python research/gpu/gpu_learn.py seeds SWEEP_RESULTS [--sweep-rate 1e-3]
 
 `train` writes each run's result as it finishes (RESULTS/learn/<arm>-<mode>/seed<k>/result.json, with its trainer
 state), so a stage cut short by its deadline keeps the runs it finished; `summary` writes learning.md, learning.json
@@ -22,7 +23,7 @@ seeds whose greedy accuracy fell.
 `--learning-rates lora=2e-3,full=6e-4` replaces a mode's rate (a mode not named keeps `LEARNING_RATES`'), and
 `--lora-rank R` LoRA's rank (lora_alpha = 2R). `--lora-learning-rates` is the sweep that chooses LoRA's rate (issue
 60): LoRA only, each rate an arm of its own (RESULTS/learn/<arm>-lora-lr<rate>/seed<k>/, with -r<R> before -lr when
-the rank is not 16), RPG and GRPO each, on seeds other than the GPU run's final ones (0, 1, 2, refused). On the CPU:
+the rank is not 16), RPG and GRPO each, on seeds other than the GPU run's final ones (0-5, refused). On the CPU:
 
     python research/gpu/gpu_learn.py warm-starts WARM --seeds 10,11 && python research/gpu/gpu_learn.py train WARM \\
         RESULTS --seeds 10,11 --device cpu --modes lora --lora-learning-rates 1e-3,2e-3,4e-3,6e-3 --steps 400 \\
@@ -53,7 +54,13 @@ ARMS = {"RPG": "RPG-REINFORCE-URKL", "GRPO": "GRPO"}
 LEARNING_RATES = {"full": 6e-4, "lora": 1e-3}
 LORA = {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
 #: The GPU run's seeds: the sweep that chooses LoRA's rate (`--lora-learning-rates`) runs on others.
-FINAL_SEEDS = (0, 1, 2)
+FINAL_SEEDS = (0, 1, 2, 3, 4, 5)
+#: Planning the seeds (`seeds`): the power asked of the 95 % interval of the greedy-accuracy change (the chance that it
+#: excludes zero when the true change is the sweep's), and the factor on the sweep's between-seed spread: 1.4 is the
+#: upper 60 % confidence bound of a standard deviation estimated with 2 degrees of freedom (sqrt(2 / (-2 ln 0.6))),
+#: the sweep's (two seeds, two arms), which also leaves room for the spread of bf16 on the GPU.
+SEEDS_POWER = 0.8
+SEEDS_SPREAD_FACTOR = 1.4
 
 
 def lora_config(rank: int = LORA["r"]) -> dict:
@@ -418,13 +425,118 @@ def _plot(groups: dict, path: str) -> str | None:
     return path
 
 
+def sweep_greedy_changes(results: str, learning_rate: float, mode: str = "lora") -> dict[str, dict[int, float]]:
+    """Each seed's greedy-accuracy change (last minus first evaluation, in points) per arm, of the runs under
+    RESULTS/learn at `learning_rate` in `mode`, or of RESULTS/learning.json's runs where the runs' folders were not kept
+    (a sweep's, e.g. research/docs/results/lora_sweep_cpu_2026-11-27)."""
+    runs = _results(results)
+    if not runs and Path(results, "learning.json").is_file():
+        runs = [(run["spec"], run["result"]) for run in json.loads(Path(results, "learning.json").read_text())["runs"]]
+    changes: dict[str, dict[int, float]] = {}
+    for spec, result in runs:
+        if spec["mode"] == mode and math.isclose(spec["learning_rate"], learning_rate, rel_tol=1e-9):
+            if result.get("greedy_gain") is not None:
+                changes.setdefault(spec["arm"], {})[spec["seed"]] = 100 * result["greedy_gain"]
+    if not changes:
+        raise ValueError(f"no {mode} run at learning rate {learning_rate:g} with its greedy accuracy in {results}")
+    return changes
+
+
+def pooled_spread(changes: dict[str, dict[int, float]]) -> tuple[float, float, int]:
+    """(mean change over every run, the between-seed standard deviation pooled over the arms, its degrees of freedom):
+    each arm's spread about its own mean, as the interval of one arm's change over its seeds will see it."""
+    values = [v for by_seed in changes.values() for v in by_seed.values()]
+    squares, df = 0.0, 0
+    for by_seed in changes.values():
+        if len(by_seed) > 1:
+            squares += statistics.variance(by_seed.values()) * (len(by_seed) - 1)
+            df += len(by_seed) - 1
+    if not df:
+        raise ValueError("the spread between seeds needs two seeds of one arm at least")
+    return statistics.fmean(values), math.sqrt(squares / df), df
+
+
+def interval_power(effect: float, spread: float, seeds: int, *, points: int = 4000) -> float:
+    """The chance that the 95 % Student-t interval of the mean over `seeds` seeds excludes zero, when each seed's change
+    is drawn from a normal of mean `effect` and standard deviation `spread`: the power of the two-sided one-sample t
+    test, P(|T| > t_{0.975, n-1}) for T noncentral t with n-1 degrees of freedom and noncentrality effect sqrt(n) /
+    spread, integrated over the chi law of the sample standard deviation (Simpson's rule on `points` intervals; no scipy
+    needed, equal to scipy.stats.nct's to 1e-4)."""
+    from rpg_research.cli.protocol import t_quantile_975
+
+    if seeds < 2 or spread <= 0:
+        raise ValueError(f"an interval needs 2 seeds or more and a positive spread; got {seeds} and {spread}")
+    df = seeds - 1
+    shift = effect * math.sqrt(seeds) / spread
+    critical = t_quantile_975(df)
+
+    def normal_cdf(x: float) -> float:
+        return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+    def integrand(u: float) -> float:  # over u = sqrt(v), v chi-square: finite at 0 for df = 1 too
+        if u <= 0:
+            return 0.0 if df > 1 else math.sqrt(2 / math.pi) * 2 * normal_cdf(-shift)
+        log_density = (df - 1) * math.log(u) - u * u / 2 - (df / 2 - 1) * math.log(2) - math.lgamma(df / 2)
+        bound = critical * u / math.sqrt(df)
+        return math.exp(log_density) * (normal_cdf(shift - bound) + normal_cdf(-shift - bound))
+
+    top = math.sqrt(df + 60 * math.sqrt(2 * df) + 60)  # the chi-square's mass beyond is far below 1e-9
+    step = top / points
+    total = integrand(0.0) + integrand(top)
+    for i in range(1, points):
+        total += (4 if i % 2 else 2) * integrand(i * step)
+    return total * step / 3
+
+
+def seeds_needed(effect: float, spread: float, *, power: float = SEEDS_POWER, most: int = 20) -> int:
+    """The fewest seeds (2 or more) whose 95 % interval of the mean change excludes zero with chance `power` at least
+    (`interval_power`); ValueError past `most`."""
+    for seeds in range(2, most + 1):
+        if interval_power(effect, spread, seeds) >= power:
+            return seeds
+    raise ValueError(f"more than {most} seeds for power {power} at effect {effect:g} and spread {spread:g}")
+
+
+def seeds_report(results: str, learning_rate: float) -> str:
+    """How many seeds the GPU run needs, from a sweep's per-seed greedy-accuracy changes at `learning_rate`: the
+    effect (their mean), the pooled spread, the planning spread (`SEEDS_SPREAD_FACTOR` x), the power of 2-8 seeds at
+    both, and the seeds needed for `SEEDS_POWER` at the planning spread."""
+    changes = sweep_greedy_changes(results, learning_rate)
+    effect, spread, df = pooled_spread(changes)
+    planning = SEEDS_SPREAD_FACTOR * spread
+    per_seed = "; ".join(
+        f"{arm} " + ", ".join(f"seed {s}: {v:+.2f}" for s, v in sorted(by_seed.items()))
+        for arm, by_seed in sorted(changes.items())
+    )
+    lines = [
+        f"greedy-accuracy change at lr {learning_rate:g} (points): {per_seed}",
+        f"effect {effect:+.2f}, spread between seeds {spread:.2f} ({df} df), planning spread {planning:.2f}",
+        "| seeds | t (95 %) | power at the spread | power at the planning spread |",
+        "|---|---|---|---|",
+    ]
+    from rpg_research.cli.protocol import t_quantile_975
+
+    for seeds in range(2, 9):
+        lines.append(
+            f"| {seeds} | {t_quantile_975(seeds - 1):.3f} | {interval_power(effect, spread, seeds):.2f} | "
+            f"{interval_power(effect, planning, seeds):.2f} |"
+        )
+    lines.append(f"seeds needed for power {SEEDS_POWER:g} at the planning spread: {seeds_needed(effect, planning)}")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The command line, checked: the seeds, the modes (of `LEARNING_RATES`), the rates and the sweep (LoRA only,
     on seeds other than `FINAL_SEEDS`, its rates not also given by `--learning-rates lora=`)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["warm-starts", "train", "summary"])
-    parser.add_argument("folders", nargs="+", help="WARM (warm-starts), WARM RESULTS (train) or RESULTS (summary)")
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("command", choices=["warm-starts", "train", "summary", "seeds"])
+    parser.add_argument(
+        "folders",
+        nargs="+",
+        help="WARM (warm-starts), WARM RESULTS (train), RESULTS (summary) or SWEEP_RESULTS (seeds)",
+    )
+    parser.add_argument("--seeds", default=",".join(map(str, FINAL_SEEDS)))
+    parser.add_argument("--sweep-rate", type=_rate, default=None, help="seeds: the sweep's rate (default LoRA's)")
     parser.add_argument("--device", default=None, help="default: cpu for the warm starts, cuda for the runs")
     parser.add_argument("--sft-steps", type=int, default=1500)
     parser.add_argument("--sft-extra-rounds", type=int, default=3, help="rounds added while the model cannot add")
@@ -480,6 +592,9 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     if args.command == "summary":
         print(Path(args.folders[0], "learning.md").read_text() if summary(args.folders[0]) else "")
+        return
+    if args.command == "seeds":
+        print(seeds_report(args.folders[0], args.sweep_rate or LEARNING_RATES["lora"]))
         return
     args.warm = args.folders[0]
     if args.command == "warm-starts":

@@ -17,7 +17,7 @@ def gpu_learn():
 def test_defaults_are_the_gpu_runs(gpu_learn):
     args = gpu_learn.parse_args(["train", "W", "R"])
     assert args.modes == ["full", "lora"] and args.learning_rates == {"full": 6e-4, "lora": 1e-3}
-    assert args.lora_rank == 16 and args.lora_learning_rates is None and args.seeds == [0, 1, 2]
+    assert args.lora_rank == 16 and args.lora_learning_rates is None and args.seeds == [0, 1, 2, 3, 4, 5]
     assert gpu_learn.lora_config() == gpu_learn.LORA == {"r": 16, "lora_alpha": 32, "target_modules": "all-linear"}
     assert gpu_learn.lora_config(8) == {"r": 8, "lora_alpha": 16, "target_modules": "all-linear"}
 
@@ -63,7 +63,10 @@ def test_the_sweep_is_lora_only(gpu_learn):
             ["--seeds", "10", "--lora-learning-rates", "1e-3", "--learning-rates", "lora=1e-3"],
             "not with --learning-rates lora=",
         ),
-        (["--seeds", "2,10", "--lora-learning-rates", "1e-3"], "seed(s) [2] are the GPU run's final seeds (0,1,2)"),
+        (
+            ["--seeds", "2,10", "--lora-learning-rates", "1e-3"],
+            "seed(s) [2] are the GPU run's final seeds (0,1,2,3,4,5)",
+        ),
     ],
 )
 def test_bad_options_stop_naming_what_is_allowed(gpu_learn, capsys, options, message):
@@ -107,19 +110,21 @@ def test_the_sweeps_arms_and_folders(gpu_learn, tmp_path):
 
 
 def test_the_normal_call_keeps_its_folders_and_rates(gpu_learn, tmp_path):
-    """The GPU run's call (research/gpu/gpu_run.sh): <arm>-<mode>, the default rates; an override changes the rate,
-    not the folder; a full fine-tuning run's spec names no rank (as before the option)."""
-    _warm_starts(tmp_path, [0, 1, 2])
-    jobs = _specs(gpu_learn, tmp_path, [])
+    """The GPU run's call (research/gpu/gpu_run.sh, with --learn-modes lora,full): <arm>-<mode>, the modes in the order
+    named (LoRA first), the six final seeds by default, the default rates; an override changes the rate, not the folder;
+    a full fine-tuning run's spec names no rank (as before the option)."""
+    _warm_starts(tmp_path, [0, 1, 2, 3, 4, 5])
+    jobs = _specs(gpu_learn, tmp_path, ["--modes", "lora,full"])
     assert [folder for _, folder in jobs] == [
-        f"{arm}-{mode}/seed{seed}" for mode in ("full", "lora") for arm in ("RPG", "GRPO") for seed in (0, 1, 2)
+        f"{arm}-{mode}/seed{seed}" for mode in ("lora", "full") for arm in ("RPG", "GRPO") for seed in range(6)
     ]
-    assert [(s["mode"], s["learning_rate"], s.get("lora_rank")) for s, _ in jobs[::3]] == [
-        ("full", 6e-4, None),
-        ("full", 6e-4, None),
+    assert [(s["mode"], s["learning_rate"], s.get("lora_rank")) for s, _ in jobs[::6]] == [
         ("lora", 1e-3, 16),
         ("lora", 1e-3, 16),
+        ("full", 6e-4, None),
+        ("full", 6e-4, None),
     ]
+    jobs = [job for job in jobs if job[0]["mode"] == "full"]
     assert sorted(jobs[0][0]) == sorted(
         ["arm", "mode", "seed", "sft_dir", "sft_steps", "device", "steps", "learning_rate", "eval_every"]
         + ["eval_problems", "eval_samples"]
@@ -264,3 +269,45 @@ def test_a_tiny_sweep_on_cpu_records_greedy_accuracy(gpu_learn, tmp_path):
         assert (result["importance_weight_peak"] is None) == (arm == "GRPO")
     text = (results / "learning.md").read_text()
     assert "| lora | GRPO | 1 | 0.002 | 16 | 2 |" in text and "| lora | RPG | 1 | 0.002 | 16 | 2 |" in text
+
+
+# scipy.stats.nct's power of the two-sided one-sample t test at the 5 % level (computed once with scipy 1.17, which the
+# project does not depend on), effect 4.125 points and spread 1.7812 (the CPU sweep's), seeds 2-8.
+NCT_POWER = [0.2028, 0.5664, 0.8557, 0.9652, 0.9931, 0.9988, 0.9998]
+
+
+def test_interval_power_is_the_noncentral_t_power(gpu_learn):
+    """The integral gives scipy's noncentral-t power (to 1e-3: the interval uses a t table of 3 decimals), and at no
+    effect the interval's own level: it excludes zero in 5 % of draws, whatever the seeds and the spread."""
+    powers = [gpu_learn.interval_power(4.125, 1.7812, seeds) for seeds in range(2, 9)]
+    assert powers == pytest.approx(NCT_POWER, abs=1e-3)
+    for seeds, spread in ((2, 1.0), (5, 3.0), (12, 0.5)):
+        assert gpu_learn.interval_power(0.0, spread, seeds) == pytest.approx(0.05, abs=2e-4)
+    with pytest.raises(ValueError, match="2 seeds or more"):
+        gpu_learn.interval_power(1.0, 1.0, 1)
+
+
+def test_the_cpu_sweep_asks_for_six_seeds(gpu_learn):
+    """From the committed CPU sweep (lr 1e-3, seeds 10 and 11): the greedy-accuracy changes read off its learning.json
+    are the curves' last minus first greedy accuracy (0.8275 -> 0.8825 and 0.900 -> 0.9275 for GRPO, 0.8275 -> 0.880
+    and 0.900 -> 0.930 for RPG, research/docs/benchmarks.md); their mean 4.125 points, the pooled spread
+    sqrt(((5.5 - 2.75)^2 / 2 + (5.25 - 3.0)^2 / 2) / 2) = 1.78 with 2 degrees of freedom; at 1.4 times that spread,
+    5 seeds give a power of 0.79 (scipy: 0.788) and 6 give 0.90: 6 seeds."""
+    sweep = Path(__file__).resolve().parents[1] / "docs" / "results" / "lora_sweep_cpu_2026-11-27"
+    changes = gpu_learn.sweep_greedy_changes(str(sweep), 1e-3)
+    assert changes == {
+        "GRPO": {10: pytest.approx(5.5), 11: pytest.approx(2.75)},
+        "RPG": {10: pytest.approx(5.25), 11: pytest.approx(3.0)},
+    }
+    effect, spread, df = gpu_learn.pooled_spread(changes)
+    assert effect == pytest.approx(4.125) and df == 2
+    assert spread == pytest.approx(((2.75**2 / 2 + 2.25**2 / 2) / 2) ** 0.5)
+    planning = gpu_learn.SEEDS_SPREAD_FACTOR * spread
+    assert (
+        gpu_learn.interval_power(effect, planning, 5)
+        < gpu_learn.SEEDS_POWER
+        < gpu_learn.interval_power(effect, planning, 6)
+    )
+    assert gpu_learn.seeds_needed(effect, planning) == 6 == len(gpu_learn.FINAL_SEEDS)
+    report = gpu_learn.seeds_report(str(sweep), 1e-3)
+    assert "seeds needed for power 0.8 at the planning spread: 6" in report

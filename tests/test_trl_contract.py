@@ -40,12 +40,10 @@ class Refusal(typing.NamedTuple):
     #: RPG's own fields that make the refused combination (empty when the TRL value alone is refused).
     rpg: dict
     why: str
-    #: Whether docs/trl_options.md lists it in its "Refused" table (the others are checks of values TRL accepts).
-    documented: bool = True
 
 
-#: Every TRL option or value that RPG deliberately refuses, and why. The documented ones are exactly the rows of the
-#: "Refused" table of docs/trl_options.md (`test_the_refusal_table_is_the_one_of_the_docs`).
+#: Every TRL option or value that RPG deliberately refuses, and why: exactly the rows of the "Refused" table of
+#: docs/trl_options.md (`test_the_refusal_table_is_the_one_of_the_docs`).
 REFUSED = [
     Refusal('`loss_type="cispo"`', dict(loss_type="cispo"), {}, "another surrogate loss, which RPG replaces"),
     Refusal('`loss_type="sapo"`', dict(loss_type="sapo"), {}, "a soft gate instead of the clip; RPG-Style Clip"),
@@ -70,25 +68,22 @@ REFUSED = [
         "a reference is asked for, but the KL is anchored to the sampling policy (no reference exists)",
     ),
     # Values TRL accepts and that fail, or give NaN, later in training (RPGConfig._check_trl_values).
-    Refusal("`temperature=0`", dict(temperature=0.0), {}, "TRL divides the logits by it", documented=False),
-    Refusal("`top_p=0`", dict(top_p=0.0), {}, "no token left to sample", documented=False),
-    Refusal("`num_iterations=0`", dict(num_iterations=0), {}, "no optimizer pass per generation", documented=False),
-    Refusal("`steps_per_generation=0`", dict(steps_per_generation=0), {}, "an empty generation", documented=False),
-    Refusal("`max_completion_length=0`", dict(max_completion_length=0), {}, "empty completions", documented=False),
-    Refusal("`reward_weights=[nan]`", dict(reward_weights=[math.nan]), {}, "NaN advantages", documented=False),
-    Refusal("`scale_rewards='max'`", dict(scale_rewards="max"), {}, "not one of TRL's scalings", documented=False),
+    Refusal("`temperature=0`", dict(temperature=0.0), {}, "TRL divides the logits by it"),
+    Refusal("`top_p=0`", dict(top_p=0.0), {}, "no token left to sample"),
+    Refusal("`num_iterations=0`", dict(num_iterations=0), {}, "no optimizer pass per generation"),
+    Refusal("`steps_per_generation=0`", dict(steps_per_generation=0), {}, "an empty generation"),
+    Refusal("`max_completion_length=0`", dict(max_completion_length=0), {}, "empty completions"),
+    Refusal("`reward_weights=[nan]`", dict(reward_weights=[math.nan]), {}, "NaN advantages"),
+    Refusal("`scale_rewards='max'`", dict(scale_rewards="max"), {}, "not one of TRL's scalings"),
     Refusal(
         "`multi_objective_aggregation='max'`",
         dict(multi_objective_aggregation="max"),
         {},
         "not one of TRL's aggregations",
-        documented=False,
     ),
-    Refusal("`top_entropy_quantile=1.5`", dict(top_entropy_quantile=1.5), {}, "not a fraction", documented=False),
-    Refusal("`entropy_coef=inf`", dict(entropy_coef=math.inf), {}, "an infinite loss", documented=False),
-    Refusal(
-        "`off_policy_mask_threshold=-1`", dict(off_policy_mask_threshold=-1.0), {}, "a negative KL", documented=False
-    ),
+    Refusal("`top_entropy_quantile=1.5`", dict(top_entropy_quantile=1.5), {}, "not a fraction"),
+    Refusal("`entropy_coef=inf`", dict(entropy_coef=math.inf), {}, "an infinite loss"),
+    Refusal("`off_policy_mask_threshold=-1`", dict(off_policy_mask_threshold=-1.0), {}, "a negative KL"),
 ]
 
 #: `RPGConfig` settings under which RPG's loss is GRPO's (tests/test_grpo_parity.py): the differentiable estimator,
@@ -352,4 +347,4 @@ def _documented_refusals() -> list[str]:
 def test_the_refusal_table_is_the_one_of_the_docs():
     documented = _documented_refusals()
     assert len(documented) >= 5 and '`loss_type="cispo"`' in documented
-    assert sorted(r.option for r in REFUSED if r.documented) == sorted(documented)
+    assert sorted(r.option for r in REFUSED) == sorted(documented)

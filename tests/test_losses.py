@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rpg_trl.losses import (
@@ -16,6 +16,7 @@ from rpg_trl.losses import (
     KL_CLIP_MODES,
     KL_LEVELS,
     KL_TERMS,
+    LOG_WEIGHT_CLAMP,
     KLSignWarning,
     importance_ratios,
     log_k3,
@@ -482,12 +483,13 @@ def test_shape_mismatch_raises():
         rpg_loss(t(lp[0]), t(old[0]), t(adv), t(mask[0]))
 
 
-@settings(max_examples=60, deadline=None)
-@given(
+#: The inputs of the finiteness property: log-probs that move by up to `scale` nats from π_old (1e4: far beyond every
+#: clamp, and beyond the float32 range of ``e^{|log ρ|}``), every option of the loss, float32 and bfloat16 log-probs.
+FINITE_INPUTS = dict(
     b=st.integers(1, 4),
     t=st.integers(1, 7),
     seed=st.integers(0, 2**16),
-    scale=st.sampled_from([0.0, 1.0, 10.0, 60.0, 1e4]),
+    scale=st.sampled_from([0.0, 1.0, 10.0, 60.0, 100.0, 1000.0, 1e4]),
     divergence=st.sampled_from(DIVERGENCES),
     estimator=st.sampled_from(ESTIMATORS),
     clip=st.booleans(),
@@ -498,10 +500,13 @@ def test_shape_mismatch_raises():
     aggregation=st.sampled_from(["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]),
     k3_to_go=st.booleans(),
 )
-@pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")
-def test_property_finite_for_any_finite_input(
+
+
+def assert_finite_for_finite_input(
     b, t, seed, scale, divergence, estimator, clip, kl_clip_mode, kl_level, with_ref, dtype, aggregation, k3_to_go
 ):
+    """The loss, its gradient and its metrics are finite for the finite inputs that `seed` draws at `scale`, and the
+    masked tokens get exactly zero gradient."""
     # kl_to_go="k3" where it is defined (the reverse rows over whole completions), else the default.
     kl_to_go = "k3" if k3_to_go and kl_level == "sequence" and divergence in ("rkl", "urkl") else "log_ratio"
     g = torch.Generator().manual_seed(seed)
@@ -533,6 +538,50 @@ def test_property_finite_for_any_finite_input(
         if mask.sum() > 0 or key in ("kl", "num_tokens") or "clip_ratio" in key or key == "importance_weight/mean":
             assert torch.isfinite(value), key
         assert not value.requires_grad
+
+
+#: Issue 73's counterexample, which random draws found only now and then: rkl over whole completions, Algorithm 1's
+#: clipped KL weight, a separate reference and the k3 KL-to-go. A later token with ``log ρ`` thousands of nats below 0
+#: made its ``k3(ρ) ≈ 1/ρ`` overflow (the gradient +inf with the differentiable estimator, the loss −inf with
+#: REINFORCE, at scale 1e4 and 2 tokens; NaN at scale 1000 and 4 tokens). Pinned, so that every run tries them.
+K3_OVERFLOW = dict(
+    b=1,
+    divergence="rkl",
+    clip=True,
+    kl_clip_mode="clipped",
+    kl_level="sequence",
+    with_ref=True,
+    aggregation="token-mean",
+    k3_to_go=True,
+)
+
+
+def pin_the_k3_overflow(test):
+    """`test` with the issue's counterexamples as Hypothesis examples (both estimators, float32 and bfloat16)."""
+    for estimator in ESTIMATORS:
+        for dtype in (torch.float32, torch.bfloat16):
+            test = example(t=2, seed=0, scale=1e4, estimator=estimator, dtype=dtype, **K3_OVERFLOW)(test)
+        test = example(t=4, seed=1, scale=1000.0, estimator=estimator, dtype=torch.float32, **K3_OVERFLOW)(test)
+    return test
+
+
+@settings(max_examples=60, deadline=None)
+@given(**FINITE_INPUTS)
+@pin_the_k3_overflow
+@pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")
+def test_property_finite_for_any_finite_input(**inputs):
+    assert_finite_for_finite_input(**inputs)
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, deadline=None)
+@given(**FINITE_INPUTS)
+@pin_the_k3_overflow
+@pytest.mark.filterwarnings("ignore::rpg_trl.losses.KLSignWarning")
+def test_property_finite_for_any_finite_input_with_more_examples(**inputs):
+    """The same property with 1000 examples (the fast tier draws 60): the slow tier searches the option space wider
+    (issue 73's counterexample was drawn in some runs of the fast tier and not in others)."""
+    assert_finite_for_finite_input(**inputs)
 
 
 # ================================================================================ the loss specification
@@ -888,6 +937,52 @@ def test_the_k3_kl_to_go_in_log_space_equals_its_linear_sum(divergence):
         torch.tensor(W), torch.ones_like(torch.tensor(W)), torch.tensor(x), kl_to_go="k3"
     )
     np.testing.assert_allclose(linear.numpy()[active], expected[active], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=["float64", "float32", "bf16"])
+@pytest.mark.parametrize("divergence", ["rkl", "urkl"])
+def test_the_clipped_k3_kl_to_go_is_exact_below_the_weight_cap_and_capped_beyond_it(divergence, dtype, estimator):
+    # Algorithm 1's clipped KL weight with the k3 KL-to-go, w inside the trust region, a reference far above π_old on
+    # some later tokens (log r = 30, 200, 1e4): K_t = W̄≤t·log ρ̄_t + Σ_{t'>t} min(W̄≤t'·k3(ρ̄_t'), e^40), the score
+    # term dropped (rkl's and urkl's weights are then the same), written out here in float64 from the inputs as the
+    # dtype holds them. k3(ρ) ≈ 1/ρ: e^30 is beyond the log-ratio clamp (e^20) and stays exact; e^200 and e^10000 are
+    # beyond float32 (issue 73: +inf, −inf and NaN there) and get the cap of every sequence-level weight, e^40.
+    old = np.array([[-2.0, -32.0, -4.0], [-2.0, -3.0, -256.0], [-2.0, -3.0, -4.0]])
+    log_w = np.array([[0.125, -0.0625, 0.0625]] * 3)
+    log_r = np.array([[0.5, 30.0, -0.25], [0.5, 0.25, 200.0], [-0.5, 0.25, 1e4]])
+    as_dtype = lambda x: torch.tensor(x).to(dtype).double().numpy()  # noqa: E731
+    lp, old, ref = as_dtype(old + log_w), as_dtype(old), as_dtype(old + log_r)
+    log_w, log_r = lp - old, ref - old
+    W = np.clip(np.exp(np.cumsum(log_w, -1)), 0.8, 1.28)
+    x = np.clip(log_w, np.log(0.8), np.log(1.28)) - log_r
+    with np.errstate(over="ignore"):
+        weighted_k3 = W * (np.expm1(-x) + x)  # inf where e^{−x} overflows float64 too (x = −1e4)
+    assert weighted_k3[0, 1] > math.exp(20.0) and (weighted_k3[1:, 2] > np.finfo(np.float32).max).all()
+    later = np.minimum(weighted_k3, math.exp(LOG_WEIGHT_CLAMP))
+    K = W * x + np.concatenate([np.cumsum(later[:, ::-1], -1)[:, ::-1][:, 1:], np.zeros((3, 1))], -1)
+    beta = 0.1
+    logps = torch.tensor(lp, dtype=dtype, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KLSignWarning)
+        loss, _ = rpg_loss(
+            logps,
+            torch.tensor(old, dtype=dtype),
+            torch.zeros(3),  # A = 0: the gradient is the KL term's, β·K_t/B
+            torch.ones(3, 3),
+            ref_logps=torch.tensor(ref, dtype=dtype),
+            divergence=divergence,
+            estimator=estimator,
+            beta=beta,
+            kl_clip_mode="clipped",
+            kl_level="sequence",
+            kl_to_go="k3",
+            aggregation="seq-mean-token-sum",
+        )
+    loss.backward()
+    assert torch.isfinite(loss)
+    tolerance = {torch.float64: 1e-12, torch.float32: 2e-5, torch.bfloat16: 8e-3}[dtype]  # bf16: the gradient's dtype
+    np.testing.assert_allclose(logps.grad.double().numpy(), beta * K / 3, rtol=tolerance)
 
 
 @pytest.mark.parametrize("divergence", DIVERGENCES)

@@ -71,11 +71,13 @@ class KLTerm:
         """``K_t`` from its parts at the given (detached, (B, T)) ``W≤t``, ``R≤t`` and token ``log ρ_t``, in linear
         space: for prefix ratios known to be moderate (the clipped ones of ``kl_clip_mode="clipped"``) and for tests;
         [`sequence_kl_weight`] is the log-space form for ratios of any size. `kl_to_go` ([`KL_TO_GO`]): the later
-        tokens' terms of the KL-to-go are ``W≤t'·log ρ_t'`` (``"log_ratio"``) or ``W≤t'·k3(ρ_t')`` (``"k3"``)."""
+        tokens' terms of the KL-to-go are ``W≤t'·log ρ_t'`` (``"log_ratio"``) or ``W≤t'·k3(ρ_t')`` (``"k3"``), the
+        latter each formed in log space with its magnitude capped at ``e^LOG_WEIGHT_CLAMP`` ([`weighted_k3`]: ``k3``
+        holds ``1/ρ``, which overflows where ``log ρ`` is tens of nats below 0)."""
         weight = torch.zeros_like(W)
         if "to_go" in self.sequence_parts:
             if kl_to_go == "k3":
-                later = _reverse_cumsum(W * k3_of_log_ratio(log_rho))
+                later = _reverse_cumsum(weighted_k3(W, log_rho))
                 weight = weight + W * log_rho + torch.cat([later[..., 1:], torch.zeros_like(later[..., :1])], -1)
             else:
                 weight = weight + _reverse_cumsum(W * log_rho)
@@ -123,9 +125,13 @@ def log_k3(log_rho: torch.Tensor) -> torch.Tensor:
     return torch.where(small, series, torch.where(very_negative, tail, middle))
 
 
-def k3_of_log_ratio(log_rho: torch.Tensor) -> torch.Tensor:
-    """``k3(ρ) = 1/ρ − 1 + log ρ`` from ``log ρ`` ([`log_k3`]), detached."""
-    return torch.exp(log_k3(log_rho))
+def weighted_k3(W: torch.Tensor, log_rho: torch.Tensor) -> torch.Tensor:
+    """``W·k3(ρ)`` (``k3(ρ) = 1/ρ − 1 + log ρ``) for ``W ≥ 0`` and ``x = log ρ``, detached, formed in log space as
+    ``exp(log W + log k3(ρ))`` ([`log_k3`]) with that exponent capped at ``LOG_WEIGHT_CLAMP``: exact up to rounding
+    wherever ``W·k3(ρ) ≤ e^LOG_WEIGHT_CLAMP ≈ 2.4e17``, and ``e^LOG_WEIGHT_CLAMP`` beyond (the cap of every
+    sequence-level KL weight). ``k3`` grows like ``1/ρ = e^{−x}``, so ``W·(1/ρ − 1 + log ρ)`` in linear space is
+    ``inf`` in float32 once ``x < −88`` (and ``inf − inf`` or ``inf·0`` downstream), however small the product."""
+    return torch.exp((torch.log(W) + log_k3(log_rho)).clamp(max=LOG_WEIGHT_CLAMP))
 
 
 def _W_before_times_w(p: Prefixes, log_w: torch.Tensor) -> torch.Tensor:
@@ -377,7 +383,8 @@ def _truncated_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
 def _clipped_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     """``K_t`` with the prefixes ``W≤t`` and the ``w_t`` inside ``log ρ_t = log w_t − log r_t`` clipped to the trust
     region, without the score term ``W≤t`` of ufkl and rkl (zero in expectation only when exact). ``R≤t`` is exact,
-    its magnitude capped at ``e^LOG_WEIGHT_CLAMP``."""
+    its magnitude capped at ``e^LOG_WEIGHT_CLAMP``; so is each later term ``W̄≤t'·k3(ρ̄_t')`` of ``kl_to_go="k3"``
+    ([`weighted_k3`]), which holds ``1/ρ̄_t' = r_t'/w̄_t'`` with ``r_t'`` unclipped."""
     prefixes = ratios.prefixes
     log_W, log_w = _clip_log(prefixes.exact_log_W, spec), _clip_log(ratios.token_log_w, spec)
     W = torch.exp(log_W)

@@ -31,7 +31,7 @@ from .losses import (
     KL_TO_GO,
     RPGLossSpec,
 )
-from .reliability import importance_weights, kl_drift, process_failure, vllm_server
+from .reliability import importance_weights, kl_drift, process_failure, reward_guard, vllm_server
 from .reliability.kl_drift import KL_FLOOR
 from .reliability.process_failure import MAIN_EXIT_TIMEOUT
 from .reliability.vllm_server import REQUEST_TIMEOUT
@@ -474,6 +474,12 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             vLLM server mode: seconds that one request to the server (a generation batch, a weight sync, a cache reset)
             may take; past it the run stops on every process with a `VLLMServerError` naming the server, the request
             and this option. `None`: no bound. Not TRL's `vllm_server_timeout` (the wait for the server at start-up).
+        reward_timeout (`float` or `None`, *optional*, defaults to `None`):
+            Seconds that one call of a reward function (one batch) may take; past it the run ends with a
+            [`~rpg_trl.reliability.reward_guard.RewardTimeoutError`] naming the function and the first completion that
+            it cannot score within the limit alone ([`~rpg_trl.reliability.reward_guard`]). With a limit, synchronous
+            reward functions run in a helper thread (math-verify's signal-based limits then fail in them;
+            `rpg_trl.math_task.accuracy_reward` works in any thread). `None`: no limit.
         kl_target (`float` or `None`, *optional*, defaults to `None`):
             δ: an adaptive β (Ziegler et al., 2019; [`~rpg_trl.kl_control.AdaptiveKLCallback`]) that holds RPG's
             importance-weighted KL estimate (`kl`, or `kl/sequence` with `kl_level="sequence"`) near δ, starting from
@@ -538,10 +544,24 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             "which bounds the wait for the server at start-up."
         },
     )
+    # Reward functions (`rpg_trl.reliability.reward_guard`).
+    reward_timeout: float | None = field(
+        default=None,
+        metadata={
+            "help": "Seconds that one call of a reward function (one batch of completions) may take before the run "
+            "ends with a RewardTimeoutError naming the function and the first completion that it cannot score within "
+            "the limit alone, instead of stalling silently. The stuck call cannot be stopped (a Python thread "
+            "cannot be killed): it goes on in a daemon thread, its result ignored, until it returns or the process "
+            "exits. With a limit, synchronous reward functions run in a helper thread, where math-verify's "
+            "signal-based time limits fail (rpg_trl.math_task.accuracy_reward works in any thread). None (default): "
+            "no limit."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
         vllm_server.check_request_timeout(self.vllm_request_timeout)
+        reward_guard.check_reward_timeout(self.reward_timeout)
         self._check_trl_values()
         self._check_loss_type()
         self._check_unsupported_options()

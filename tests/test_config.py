@@ -143,6 +143,8 @@ INVALID_CONFIGS = [
         "`vllm_request_timeout` must be a finite number of seconds > 0, or None",
     ),
     (RPGConfig, dict(vllm_request_timeout=float("inf")), "`vllm_request_timeout` must be a finite number of seconds"),
+    (RPGConfig, dict(reward_timeout=0), "`reward_timeout` must be a finite number of seconds > 0, or None"),
+    (RPGConfig, dict(reward_timeout=float("nan")), "`reward_timeout` must be a finite number of seconds > 0, or None"),
     (RPGConfig, dict(scale_rewards="max"), "`scale_rewards` must be 'group', 'batch' or 'none'"),
     (RPGConfig, dict(multi_objective_aggregation="max"), "`multi_objective_aggregation` must be"),
     (RPGConfig, dict(top_entropy_quantile=1.5), "`top_entropy_quantile` must be in (0, 1]"),

@@ -88,8 +88,9 @@ def test_accuracy_reward_huge_completions_are_fast():
     assert rewards == [0.0, 1.0, 0.0]
 
 
+@pytest.mark.slow  # off the main thread the reward scores in a worker process (tests/test_reward_limits.py)
 def test_accuracy_reward_in_a_worker_thread():
-    # math-verify's signal-based timeouts only work in the main thread; the reward must disable them elsewhere.
+    # math-verify's signal-based timeouts only work in the main thread; elsewhere the reward scores in a worker process.
     results, errors = [], []
 
     def worker():

@@ -32,22 +32,32 @@ function does not apply to that sample.
 
 from __future__ import annotations
 
+import atexit
+import itertools
+import json
 import logging
+import os
 import re
+import select
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
 from functools import lru_cache
 
 from math_verify import LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
-from trl.rewards import get_soft_overlong_punishment as _trl_get_soft_overlong_punishment
 
 
 __all__ = [
     "MAX_ANSWER_CHARS",
     "MAX_COMPLETION_CHARS",
+    "MAX_VERIFY_WORKERS",
     "PARSING_TIMEOUT_SECONDS",
     "VERIFY_TIMEOUT_SECONDS",
+    "WORKER_TIMEOUT_SECONDS",
     "accuracy_reward",
     "extract_answer",
     "format_reward",
@@ -67,10 +77,24 @@ MAX_COMPLETION_CHARS = 4096
 MAX_ANSWER_CHARS = 1000
 
 #: Seconds allowed to math-verify for parsing one expression and for one comparison. math-verify implements these
-#: limits with ``signal.alarm``, which only works in the main thread; elsewhere the limits are disabled (see
-#: [`accuracy_reward`]).
+#: limits with ``signal.alarm``, which only works in the main thread of a process: off the main thread, completions are
+#: scored in a worker process, where they hold again (see [`accuracy_reward`]).
 PARSING_TIMEOUT_SECONDS = 5
 VERIFY_TIMEOUT_SECONDS = 5
+
+#: Off the main thread, the seconds one completion may take in the worker process (reference and answer parsed, then
+#: compared) before the worker is killed and the completion scores 0.0. math-verify's own limits end a slow parse or
+#: comparison inside the worker first (the worker runs them in its main thread); this deadline is the backstop for
+#: whatever they cannot interrupt, e.g. a long computation inside one C call. It exceeds the longest run of those
+#: limits on one completion (two parses and one comparison, 5 s each).
+WORKER_TIMEOUT_SECONDS = 20.0
+
+#: Most worker processes alive at once: one per thread that is scoring, further threads wait for a free one. Each
+#: worker is a Python interpreter with math-verify and sympy loaded (about 100 MB), idle between completions.
+MAX_VERIFY_WORKERS = 2
+
+#: Seconds a new worker process may take to start (import math-verify and sympy) before [`accuracy_reward`] raises.
+WORKER_START_TIMEOUT_SECONDS = 120.0
 
 # "Answer:" (any case, optionally in markdown bold, e.g. "**Answer:**" or "**Answer**:"), then the first non-empty
 # line after it. `\s*` may cross a line break, so "Answer:\n42" yields "42", as in the DAPO verifier.
@@ -190,20 +214,55 @@ def _completion_text(completion) -> str:
     return ""
 
 
-def _parse_boxed(answer: str, timeout: int | None) -> list:
+def _parse_boxed(answer: str, timeout: int | None) -> tuple[list, bool]:
+    """`(parsed, timed_out)`: math-verify's parse of `answer` ([] if it cannot be parsed), and whether parsing it took
+    longer than `timeout` seconds (then `parsed` is [])."""
     # Wrapping the bare answer in \boxed{} makes math-verify parse the whole string as one LaTeX expression. Parsing a
     # bare "3\sqrt{3}" with the default extraction would instead pick out the plain number "3".
-    return parse(f"\\boxed{{{answer}}}", extraction_config=_LATEX_CONFIG, parsing_timeout=timeout)
+    try:
+        # raise_on_error=True so that a timeout is told apart from an answer that does not parse (both give []).
+        parsed = parse(
+            f"\\boxed{{{answer}}}", extraction_config=_LATEX_CONFIG, parsing_timeout=timeout, raise_on_error=True
+        )
+    except TimeoutException:
+        return [], True
+    except Exception:
+        return [], False
+    return parsed, False
 
 
 @lru_cache(maxsize=4096)
-def _parse_gold(solution: str, timeout: int | None) -> list:
-    """Parsed reference answer (cached: every prompt's solution is scored once per sampled completion)."""
+def _parse_gold(solution: str, timeout: int | None) -> tuple[list, bool]:
+    """Parsed reference answer and whether parsing it timed out (cached: every prompt's solution is scored once per
+    sampled completion)."""
     boxed = _last_boxed_content(solution)
     answer = _clean_answer(boxed if boxed is not None else solution)
     if not answer:
-        return []
+        return [], False
     return _parse_boxed(answer, timeout)
+
+
+def _score(solution: str, answer: str | None, parsing_timeout: int, verify_timeout: int) -> tuple[float | None, bool]:
+    """`(reward, timed_out)` of one completion whose extracted answer is `answer`: `None` for a reference that cannot
+    be parsed, else 1.0 or 0.0; `timed_out` says that math-verify's time limit cut parsing short. Runs in the main
+    thread of a process, where math-verify's ``signal.alarm`` limits work: the caller's, or a worker's."""
+    gold_parsed, gold_timed_out = _parse_gold(solution, parsing_timeout)
+    if not gold_parsed:
+        return None, gold_timed_out
+    if answer is None or len(answer) > MAX_ANSWER_CHARS:
+        return 0.0, False
+    answer_parsed, timed_out = _parse_boxed(answer, parsing_timeout)
+    # math-verify's `verify(gold, answer)` tries every pair of the two parses (a sympy expression and its string, at
+    # most, for each) with one time limit per pair; pair by pair, and with raise_on_error=True, a time-out is seen.
+    for gold_item, answer_item in itertools.product(gold_parsed, answer_parsed):
+        try:
+            if verify(gold_item, answer_item, timeout_seconds=verify_timeout, raise_on_error=True):
+                return 1.0, False
+        except TimeoutException:
+            timed_out = True
+        except Exception:  # math-verify's verify counts a comparison that fails as "not equal"
+            pass
+    return 0.0, timed_out
 
 
 def _warn_once(exc: BaseException) -> None:
@@ -217,6 +276,209 @@ def _warn_once(exc: BaseException) -> None:
         _warned_exception = True
 
 
+_timeouts_lock = threading.Lock()
+_timeouts = 0
+
+
+def _warn_timeout(what: str, text: str) -> None:
+    """Count one completion (or reference) cut short by the time limit; warn at the 1st, 10th, 100th, ... of them."""
+    global _timeouts
+    with _timeouts_lock:
+        _timeouts += 1
+        count = _timeouts
+    if str(count).rstrip("0") != "1":
+        return
+    shown = text if len(text) <= 200 else text[:197] + "..."
+    logger.warning(
+        "%s was not verified within the time limit (%s): math-verify's %d s per parse and %d s per comparison, "
+        "and %g s per completion in a worker process off the main thread. This is time-out #%d of this process "
+        "(reported at the 1st, 10th, 100th, ... time-out).",
+        what,
+        shown,
+        PARSING_TIMEOUT_SECONDS,
+        VERIFY_TIMEOUT_SECONDS,
+        WORKER_TIMEOUT_SECONDS,
+        count,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- worker processes
+# math-verify bounds its work with `signal.alarm`, which only the main thread of a process can use. Off the main thread
+# (TRL's asynchronous rollout worker calls a synchronous reward through `asyncio.to_thread`), each completion is scored
+# by `_score` in the main thread of a worker process, where those limits hold, and the worker is killed if it does not
+# answer within WORKER_TIMEOUT_SECONDS. The worker is a fresh interpreter (`subprocess`, not `fork`: forking a process
+# that has torch and threads loaded is unsafe; not `multiprocessing`'s spawn either, which would re-import the user's
+# `__main__` script) that loads this file alone, so it imports math-verify and sympy but not torch or TRL (under a
+# second to start). Requests and answers are JSON lines on its stdin and on a copy of its stdout.
+
+_WORKER_BOOT = (
+    "import importlib.util, sys\n"
+    "spec = importlib.util.spec_from_file_location('_rpg_math_verify_worker', sys.argv[1])\n"
+    "module = importlib.util.module_from_spec(spec)\n"
+    "spec.loader.exec_module(module)\n"
+    "module._worker_main()\n"
+)
+
+
+def _worker_main() -> None:
+    """Loop of a worker process: one JSON request per line on stdin, one JSON answer per line back."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which ends its workers
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # time-outs are reported by the calling process
+    channel = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the answers
+    channel.write("ready\n")
+    channel.flush()
+    for line in sys.stdin:
+        request = json.loads(line)
+        try:
+            reward, timed_out = _score(
+                request["solution"], request["answer"], request["parsing_timeout"], request["verify_timeout"]
+            )
+            answer = {"reward": reward, "timed_out": timed_out}
+        except BaseException as exc:  # reported to the caller, which scores the completion 0.0
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        channel.write(json.dumps(answer) + "\n")
+        channel.flush()
+
+
+class _WorkerStartError(RuntimeError):
+    """A worker process could not be started: not a property of a completion, so [`accuracy_reward`] raises it."""
+
+
+class _Worker:
+    """One worker process, started at its first request and again after it was killed."""
+
+    def __init__(self):
+        self.process: subprocess.Popen | None = None
+        self._buffer = b""
+
+    def _start(self) -> None:
+        # The parent's import path, so that the worker finds math-verify wherever the parent found it.
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(path for path in sys.path if path))
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", _WORKER_BOOT, os.path.abspath(__file__)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            bufsize=0,
+        )
+        self._buffer = b""
+        if self._read_line(time.monotonic() + WORKER_START_TIMEOUT_SECONDS) != b"ready":
+            code = self.process.poll()
+            self.kill()
+            state = f"exited with code {code}" if code is not None else "did not start"
+            raise _WorkerStartError(
+                f"accuracy_reward's math-verify worker process ({sys.executable}) {state} within "
+                f"{WORKER_START_TIMEOUT_SECONDS:g} s; off the main thread every completion is scored in such a "
+                "worker, so the reward cannot run. Its error, if any, is on stderr above."
+            )
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """The worker's next line, or None if it does not come before `deadline` (monotonic) or the worker ended."""
+        fd = self.process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                if time.monotonic() >= deadline:
+                    return None
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:  # end of file: the worker ended
+                return None
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return line.strip()
+
+    def score(self, request: dict) -> dict | None:
+        """The worker's answer to `request`, or None if it took longer than [`WORKER_TIMEOUT_SECONDS`] or the worker
+        ended; the worker is then killed, and started again at the next request."""
+        if self.process is None:
+            self._start()
+        try:
+            self.process.stdin.write((json.dumps(request) + "\n").encode())
+        except OSError:  # the worker ended since its last answer
+            self.kill()
+            return None
+        line = self._read_line(time.monotonic() + WORKER_TIMEOUT_SECONDS)
+        if line is None:
+            self.kill()
+            return None
+        return json.loads(line)
+
+    def kill(self) -> None:
+        process, self.process = self.process, None
+        if process is not None:
+            process.kill()
+            process.wait()
+            process.stdin.close()
+            process.stdout.close()
+
+
+class _WorkerPool:
+    """At most [`MAX_VERIFY_WORKERS`] workers, each lent to one thread at a time; started lazily, kept for reuse."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._workers: list[_Worker] = []
+        self._slots: threading.BoundedSemaphore | None = None
+        self._pid = os.getpid()
+
+    @contextmanager
+    def worker(self):
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: its parent's workers are not its own
+                self._idle, self._workers, self._slots, self._pid = [], [], None, os.getpid()
+            if self._slots is None:
+                self._slots = threading.BoundedSemaphore(MAX_VERIFY_WORKERS)
+            slots = self._slots
+        slots.acquire()
+        try:
+            with self._lock:
+                if self._idle:
+                    worker = self._idle.pop()
+                else:
+                    worker = _Worker()
+                    self._workers.append(worker)
+            try:
+                yield worker
+            finally:
+                with self._lock:
+                    self._idle.append(worker)
+        finally:
+            slots.release()
+
+    def close(self) -> None:
+        """Kill every worker of this process (at exit; the next request starts new ones)."""
+        with self._lock:
+            workers = self._workers if self._pid == os.getpid() else []
+            self._idle, self._workers = [], []
+        for worker in workers:
+            worker.kill()
+
+
+_POOL = _WorkerPool()
+atexit.register(_POOL.close)
+
+
+def _score_in_worker(worker: _Worker, solution: str, answer: str | None) -> tuple[float | None, bool]:
+    """`_score` in `worker`; a completion that takes longer than [`WORKER_TIMEOUT_SECONDS`] scores 0.0, timed out."""
+    request = {
+        "solution": solution,
+        "answer": answer,
+        "parsing_timeout": PARSING_TIMEOUT_SECONDS,
+        "verify_timeout": VERIFY_TIMEOUT_SECONDS,
+    }
+    result = worker.score(request)
+    if result is None:
+        return 0.0, True
+    if "error" in result:
+        raise RuntimeError(result["error"])
+    return result["reward"], result["timed_out"]
+
+
 def accuracy_reward(completions: list, solution: list, **kwargs) -> list[float | None]:
     r"""
     Verifiable correctness reward of the paper (Sec. 5, Appendix H): 1.0 if the final answer of a completion is
@@ -228,9 +490,27 @@ def accuracy_reward(completions: list, solution: list, **kwargs) -> list[float |
     (``"42"``, ``"\frac{1}{2}"``), an answer in math delimiters or a worked solution ending in ``\boxed{...}``.
 
     The function never raises on a completion: empty, garbled or huge completions score 0.0, and an unexpected error
-    while scoring one completion gives it 0.0 (logged once). math-verify bounds parsing and comparison time with
-    ``signal.alarm``, which only works in the main thread; when called from another thread the time limits are
-    disabled ([`MAX_COMPLETION_CHARS`] and [`MAX_ANSWER_CHARS`] still bound the input size).
+    while scoring one completion gives it 0.0 (logged once).
+
+    **Time limit, in any thread.** math-verify bounds parsing ([`PARSING_TIMEOUT_SECONDS`], 5 s) and each comparison
+    ([`VERIFY_TIMEOUT_SECONDS`], 5 s) with ``signal.alarm``, which only works in the main thread. Called from the main
+    thread, the function uses those limits directly. Called from any other thread (TRL's asynchronous rollout worker
+    calls a synchronous reward through `asyncio.to_thread`), it scores each completion in a worker process, in that
+    process's main thread where the same limits hold, and kills the worker if one completion takes longer than
+    [`WORKER_TIMEOUT_SECONDS`] (20 s; the next completion starts a new worker). Workers are started at the first call
+    off the main thread (a Python interpreter with math-verify and sympy, not torch: under a second), reused, at most
+    [`MAX_VERIFY_WORKERS`] at a time, and killed at exit. A completion that exceeds a limit scores 0.0 ("not
+    verified"; a reference that exceeds it gives `None`), with a warning at the 1st, 10th, 100th, ... time-out.
+
+    Bounded cost per completion: in the main thread at most 5 s to parse the answer and 5 s to compare it (plus 5 s
+    to parse a reference the first time it is seen; references are cached); off the main thread at most
+    [`WORKER_TIMEOUT_SECONDS`] plus the start of a new worker. Measured on answers that never finished off the main
+    thread before (``\boxed{9^{9^{9^{9}}}}``, ``9^{9^{9}}``, ``10^{10^{8}}``, ``((99!)!)!``, a 450-digit power, an
+    integral): 5.01-5.44 s each in the main thread and 5.01-5.46 s through `asyncio.to_thread` (math-verify's
+    5 s limit ends each inside the worker; 2-core AMD EPYC, 2026-11-28, the command in docs/guarantees.md, "How bad
+    rewards are handled"); a worker killed at its deadline is replaced in 0.5-0.9 s
+    (`tests/test_reward_limits.py::test_a_worker_past_its_deadline_is_killed_and_replaced`). [`MAX_COMPLETION_CHARS`]
+    and [`MAX_ANSWER_CHARS`] bound the input size.
 
     Args:
         completions (`list[str]` or `list[list[dict[str, str]]]`):
@@ -263,36 +543,35 @@ def accuracy_reward(completions: list, solution: list, **kwargs) -> list[float |
         raise ValueError(
             f"`completions` and `solution` must have the same length; got {len(completions)} and {len(solution)}."
         )
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    parsing_timeout = PARSING_TIMEOUT_SECONDS if in_main_thread else None
-    verify_timeout = VERIFY_TIMEOUT_SECONDS if in_main_thread else None
-
     rewards: list[float | None] = []
     extracted: list[str] = []
-    for completion, gold in zip(completions, solution):
-        answer = None
-        try:
-            gold_parsed = _parse_gold(str(gold), parsing_timeout) if gold is not None else []
-        except (Exception, TimeoutException) as exc:
-            _warn_once(exc)
-            gold_parsed = []
-        if not gold_parsed:
-            rewards.append(None)
-            extracted.append("[unparseable solution]")
-            continue
-        try:
-            answer = extract_answer(_completion_text(completion))
-            if answer is None or len(answer) > MAX_ANSWER_CHARS:
-                reward = 0.0
-            else:
-                answer_parsed = _parse_boxed(answer, parsing_timeout)
-                correct = bool(answer_parsed) and verify(gold_parsed, answer_parsed, timeout_seconds=verify_timeout)
-                reward = 1.0 if correct else 0.0
-        except (Exception, TimeoutException) as exc:
-            _warn_once(exc)
-            reward = 0.0
-        rewards.append(reward)
-        extracted.append("[no answer]" if answer is None else answer)
+    with ExitStack() as stack:
+        # math-verify's time limits use signal.alarm, which works in the main thread only: elsewhere, a worker process.
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        worker = None if in_main_thread else stack.enter_context(_POOL.worker())
+        for completion, gold in zip(completions, solution):
+            answer = None
+            try:
+                answer = extract_answer(_completion_text(completion))
+                if gold is None:
+                    reward, timed_out = None, False
+                elif worker is None:
+                    reward, timed_out = _score(str(gold), answer, PARSING_TIMEOUT_SECONDS, VERIFY_TIMEOUT_SECONDS)
+                else:
+                    reward, timed_out = _score_in_worker(worker, str(gold), answer)
+            except _WorkerStartError:
+                raise
+            except (Exception, TimeoutException) as exc:
+                _warn_once(exc)
+                reward, timed_out = 0.0, False
+            if timed_out and reward is None:
+                _warn_timeout("A reference answer (given reward None: not scored)", repr(str(gold)))
+            elif timed_out:
+                _warn_timeout("A completion (given reward 0.0)", f"its answer: {answer!r}")
+            rewards.append(reward)
+            extracted.append(
+                "[unparseable solution]" if reward is None else "[no answer]" if answer is None else answer
+            )
 
     log_extra = kwargs.get("log_extra")
     if callable(log_extra):
@@ -377,4 +656,7 @@ def get_soft_overlong_punishment(max_completion_len: int, soft_punish_cache: int
             f"`soft_punish_cache` must be between 0 and `max_completion_len` ({max_completion_len}); got "
             f"{soft_punish_cache}. The paper uses 512 with a 2048-token completion budget."
         )
-    return _trl_get_soft_overlong_punishment(max_completion_len, soft_punish_cache)
+    # Imported here: the module stays free of torch and TRL, so that a math-verify worker process can load it alone.
+    from trl.rewards import get_soft_overlong_punishment as trl_get_soft_overlong_punishment
+
+    return trl_get_soft_overlong_punishment(max_completion_len, soft_punish_cache)

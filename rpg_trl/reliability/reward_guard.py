@@ -11,13 +11,25 @@ mean infinite and every advantage of the group `NaN`. A reward function that rai
 completion) on which it fails when called alone; a value that is not a number (a string, a list) and a wrong number of
 values are errors that name the function and the sample too. Tested in `tests/test_reliability.py` and
 `tests/test_guarantees.py`.
+
+With a limit (`RPGConfig.reward_timeout`, seconds; `None`, the default, sets none), a call of a reward function that
+does not return within it ends the run with a [`RewardTimeoutError`] naming the function and the first sample that,
+scored alone, does not return within the limit either (index, prompt and completion), instead of a silent stall. A
+synchronous function then runs in a daemon thread while the caller waits at most the limit: a Python thread cannot be
+killed, so the stuck call goes on running in that thread, its result and its `log_extra`/`log_metric` calls ignored,
+until it returns or the process exits (a daemon thread does not hold the exit back). An async function is cancelled
+with `asyncio.wait_for` (at its next `await`; one that blocks its event loop without awaiting is not bounded). Tested
+in `tests/test_reward_limits.py`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import numbers
+import threading
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -37,6 +49,78 @@ MAX_LOCATE_CALLS = 1024
 
 class RewardFunctionError(RuntimeError):
     """A reward function raised, or returned something that is not one number (or `None`) per completion."""
+
+
+class RewardTimeoutError(RewardFunctionError):
+    """A call of a reward function did not return within `reward_timeout` seconds."""
+
+
+class _Overtime(Exception):
+    """A call did not return within its limit (internal: turned into a [`RewardTimeoutError`])."""
+
+
+def check_reward_timeout(timeout, name: str = "reward_timeout") -> None:
+    """Raise a `ValueError` naming `name` unless `timeout` is None (no limit) or a finite number of seconds > 0."""
+    if timeout is None:
+        return
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0.0 < timeout < math.inf:
+        raise ValueError(
+            f"`{name}` must be a finite number of seconds > 0, or None for no limit (the default); got {timeout!r}."
+        )
+
+
+def _call_within(func, kwargs: dict, timeout: float | None, name: str):
+    """`func(**kwargs)`, or [`_Overtime`] if it does not return within `timeout` seconds (`None`: no limit, called in
+    this thread). With a limit the call runs in a daemon thread, which is left running when it overruns (a Python
+    thread cannot be stopped); its later `log_extra`/`log_metric` calls are then ignored."""
+    if timeout is None:
+        return func(**kwargs)
+    abandoned = threading.Event()
+    kwargs = _muted_once_abandoned(kwargs, abandoned)
+    outcome: dict = {}
+    done = threading.Event()
+
+    def target():
+        try:
+            outcome["value"] = func(**kwargs)
+        except BaseException as exc:  # handed to the caller below
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"reward-{name}", daemon=True).start()
+    if not done.wait(timeout):
+        abandoned.set()
+        raise _Overtime()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+async def _await_within(func, kwargs: dict, timeout: float | None):
+    """`await func(**kwargs)`, cancelled with [`_Overtime`] if it does not finish within `timeout` seconds."""
+    if timeout is None:
+        return await func(**kwargs)
+    try:
+        return await asyncio.wait_for(func(**kwargs), timeout)
+    except asyncio.TimeoutError:
+        raise _Overtime() from None
+
+
+def _muted_once_abandoned(kwargs: dict, abandoned: threading.Event) -> dict:
+    """`kwargs` with the trainer's logging hooks made inert once the call is `abandoned`, so that a call left running
+    after the run has failed does not write into the trainer's logs."""
+    muted = dict(kwargs)
+    for key in ("log_extra", "log_metric"):
+        hook = kwargs.get(key)
+        if callable(hook):
+
+            def gated(*args, _hook=hook, **kw):
+                if not abandoned.is_set():
+                    return _hook(*args, **kw)
+
+            muted[key] = gated
+    return muted
 
 
 def _preview(value, limit: int = 200) -> str:
@@ -80,8 +164,9 @@ class RewardGuard:
         """Replace `trainer.reward_funcs` by guarded wrappers for the duration of the `with` block."""
         original = trainer.reward_funcs
         process = getattr(trainer.accelerator, "process_index", 0)
+        timeout = getattr(trainer.args, "reward_timeout", None)  # RPGConfig's; configurations without it set no limit
         trainer.reward_funcs = [
-            func if isinstance(func, nn.Module) else self.wrap(func, name, process_index=process)
+            func if isinstance(func, nn.Module) else self.wrap(func, name, process_index=process, timeout=timeout)
             for func, name in zip(original, trainer.reward_func_names, strict=True)
         ]
         try:
@@ -89,16 +174,20 @@ class RewardGuard:
         finally:
             trainer.reward_funcs = original
 
-    def wrap(self, func, name: str, process_index: int = 0):
-        """A guarded version of the reward function `func` (synchronous or async), called by keyword as TRL does."""
+    def wrap(self, func, name: str, process_index: int = 0, timeout: float | None = None):
+        """A guarded version of the reward function `func` (synchronous or async), called by keyword as TRL does.
+        `timeout`: seconds one call may take before the run ends with a [`RewardTimeoutError`] (`None`: no limit)."""
         if is_async_callable(func):
 
             @functools.wraps(func)
             async def guarded_async(**kwargs):
                 try:
-                    output = await func(**kwargs)
+                    output = await _await_within(func, kwargs, timeout)
+                except _Overtime:
+                    index, error = await self._locate_async(func, kwargs, timeout)
+                    raise self._overtime(name, kwargs, index, error, timeout, process_index) from None
                 except Exception as exc:
-                    index = await self._locate_async(func, kwargs)
+                    index, _ = await self._locate_async(func, kwargs, timeout)
                     raise self._failure(name, exc, kwargs, index, process_index) from exc
                 return self.sanitize(name, output, kwargs, process_index)
 
@@ -107,9 +196,12 @@ class RewardGuard:
         @functools.wraps(func)
         def guarded(**kwargs):
             try:
-                output = func(**kwargs)
+                output = _call_within(func, kwargs, timeout, name)
+            except _Overtime:
+                index, error = self._locate(func, kwargs, timeout, name)
+                raise self._overtime(name, kwargs, index, error, timeout, process_index) from None
             except Exception as exc:
-                index = self._locate(func, kwargs)
+                index, _ = self._locate(func, kwargs, timeout, name)
                 raise self._failure(name, exc, kwargs, index, process_index) from exc
             return self.sanitize(name, output, kwargs, process_index)
 
@@ -179,21 +271,67 @@ class RewardGuard:
                     single[key] = value
             yield index, single
 
-    def _locate(self, func, kwargs: dict) -> int | None:
+    # Locating a sample: each sample is scored alone, in order, until one fails. With a limit, each of those calls has
+    # the limit too, and no new call starts once the search has taken the limit in all, so that an error ends the run
+    # within 3 limits of the failing call's start (the call, the search, the last single call).
+    def _locate(self, func, kwargs: dict, timeout: float | None = None, name: str = "") -> tuple[int | None, object]:
+        """`(index, what)` of the first sample on which `func`, called alone, raises (`what`: the exception) or does
+        not return within `timeout` (`what`: None); `(None, None)` if no sample does."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         for index, single in self._single_sample_calls(kwargs):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
             try:
-                func(**single)
-            except Exception:
-                return index
-        return None
+                _call_within(func, single, timeout, name)
+            except _Overtime:
+                return index, None
+            except Exception as exc:
+                return index, exc
+        return None, None
 
-    async def _locate_async(self, func, kwargs: dict) -> int | None:
+    async def _locate_async(self, func, kwargs: dict, timeout: float | None = None) -> tuple[int | None, object]:
+        deadline = None if timeout is None else time.monotonic() + timeout
         for index, single in self._single_sample_calls(kwargs):
+            if deadline is not None and time.monotonic() >= deadline:
+                break
             try:
-                await func(**single)
-            except Exception:
-                return index
-        return None
+                await _await_within(func, single, timeout)
+            except _Overtime:
+                return index, None
+            except Exception as exc:
+                return index, exc
+        return None, None
+
+    @staticmethod
+    def _overtime(name, kwargs, index, error, timeout, process_index) -> RewardTimeoutError:
+        n = len(kwargs.get("prompts", ()))
+        head = (
+            f"Reward function '{name}' did not return within reward_timeout={timeout:g} s on a batch of {n} "
+            f"completions (process {process_index})."
+        )
+        tail = (
+            " The stuck call cannot be stopped (a Python thread cannot be killed): it goes on in a daemon thread, its "
+            "result ignored, until it returns or the process exits. Make the function bounded (e.g. return None for a "
+            "completion it cannot score in time), or raise `reward_timeout`."
+        )
+        if index is None:
+            completion = kwargs["completions"][0] if kwargs.get("completions") else None
+            return RewardTimeoutError(
+                f"{head} Called on each sample alone (for up to {timeout:g} s in all), none exceeded the limit: the "
+                f"batch as a whole takes too long, or the function is stuck on shared state. First completion: "
+                f"{_preview(completion)}.{tail}"
+            )
+        prompt = kwargs["prompts"][index]
+        completion = kwargs["completions"][index] if "completions" in kwargs else None
+        alone = (
+            f"called on sample {index} alone it did not return within the limit either"
+            if error is None
+            else f"called on sample {index} alone it raised {type(error).__name__}: {error}"
+        )
+        return RewardTimeoutError(
+            f"{head} The first sample on which it fails alone: {alone}. Prompt: {_preview(prompt)}. Completion: "
+            f"{_preview(completion)}.{tail}"
+        )
 
     @staticmethod
     def _failure(name, exc, kwargs, index, process_index) -> RewardFunctionError:

@@ -42,8 +42,7 @@ def _wait_for(path: Path, process: subprocess.Popen, timeout: float) -> list[int
 
 def _end(process: subprocess.Popen, pids) -> None:
     """Cleanup whatever the test left (nothing, when it passes). The process is reaped before its pipes are read to
-    their end: the guards of `.ci/run`'s sessions (which inherited its pipes) poll it with `kill -0`, which a zombie
-    passes, so reading first would wait for them forever."""
+    their end: the guards of `.ci/run`'s sessions inherited its pipes, and end once it is gone or a zombie."""
     for pid in [process.pid, *pids]:
         try:
             os.killpg(pid, signal.SIGKILL)
@@ -168,16 +167,22 @@ def test_a_sigterm_or_sighup_to_ci_ends_its_step_and_background_jobs_within_seco
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("target", ["script", "process-group"])
+@pytest.mark.parametrize("target", ["script", "process-group", "script-not-reaped"])
 def test_a_sigkill_to_ci_or_its_process_group_leaves_no_step_or_job_running(tmp_path, target):
     """SIGKILL cannot be trapped: the step and the background jobs, each in a session of its own, outlived it. Each
-    session's guard (`in_session` in `.ci/run`) sees the script gone and ends its session within about a second."""
+    session's guard (`in_session` in `.ci/run`) sees the script gone and ends its session within about a second; also
+    while the killed script is a zombie, its parent not having reaped it (`script-not-reaped`: the parent here waits
+    only after the check), which `kill -0` alone takes for a live process."""
     ci, pids = _ci_with_stand_ins(tmp_path)
     try:
-        if target == "script":
-            ci.kill()
-        else:
+        if target == "process-group":
             os.killpg(ci.pid, signal.SIGKILL)  # sessions.popen made the script a process group leader
+        else:
+            ci.kill()
+        if target == "script-not-reaped":
+            left = _none_left(pids, within=5)
+            assert Path(f"/proc/{ci.pid}").exists()  # still a zombie: not reaped yet
+            assert not left, f"left running after CI's SIGKILL, CI not reaped: {_running(pids)}"
         ci.wait(timeout=10)
         assert ci.returncode == -signal.SIGKILL
         assert not _none_left(pids, within=5), f"left running after CI's SIGKILL: {_running(pids)}"

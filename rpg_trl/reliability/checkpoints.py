@@ -34,6 +34,14 @@ that do not match the resuming processes (files that no process loads, or a proc
 named in a warning, and so are RNG files of a save by one process and of a save by several side by side (one set is
 stale).
 
+A checkpoint names its model: the record holds the model's identity ([`model_identity`]: its configuration without
+the keys that do not make another model, and the names and shapes of its parameters, with their digests), taken as
+`train()` begins, and a resume with another model is refused with a `ValueError` that says so and what differs
+([`check_checkpoint_model`]), before `transformers` loads a weight: a model of the same shapes would otherwise resume
+silently, and one of other shapes fail with a size mismatch that does not say the checkpoint is another model's. A
+checkpoint without the identity (an earlier record, a trainer that does not commit) resumes as before. An error that
+stops a run names the newest complete checkpoint as the resume would take it ([`saved_checkpoints_sentence`]).
+
 A full disk during a save stops the run with a [`DiskFullError`] naming the checkpoint folder and the file being
 written; that folder stays marked incomplete, and the previous checkpoint complete. What these guarantee, and the
 tests that prove it, is listed in `docs/guarantees.md`.
@@ -59,8 +67,9 @@ logger = logging.get_logger(__name__)
 #: `{"complete": true, "files": {relative path: size in bytes}, "digests": {relative path: hex digest},
 #: "digest": "sha256", "world_size": ..., ...}` once every process has written its files: every file of the save,
 #: those a resume reads (weights, optimizer, RNG and generation state of each process) included, the digest of each
-#: file's content, and the number of processes that wrote it. A record without `"digests"` (written before they were
-#: added) is checked by size only.
+#: file's content, the number of processes that wrote it, and the identity of the model that wrote it (`"model"`, see
+#: [`model_identity`]). A record without `"digests"` (written before they were added) is checked by size only; one
+#: without `"model"` is not held against the resuming model.
 COMMIT_RECORD = "rpg_checkpoint.json"
 #: The `hashlib` algorithm of the digests in a commit record (sha256: the fastest of `hashlib`'s on CPUs with SHA
 #: instructions, x86 since 2017 and ARMv8; docs/guarantees.md gives the measured cost).
@@ -253,9 +262,11 @@ def last_complete_checkpoint(output_dir: str, verify_digests: bool = True, warn:
 
 
 def saved_checkpoints_sentence(output_dir: str) -> str:
-    """A sentence on the checkpoints saved in `output_dir`, for an error that stops a run: the newest complete one (by
-    size, not re-reading the files), or that none was saved (a restart starts from the beginning)."""
-    newest = last_complete_checkpoint(output_dir, verify_digests=False, warn=False)
+    """A sentence on the checkpoints saved in `output_dir`, for an error that stops a run: the newest complete one, as
+    `resume_from_checkpoint=True` takes it (the same [`last_complete_checkpoint`], digests included: a checkpoint
+    damaged after its commit, even with its sizes unchanged, is not named; this reads the files of the newest
+    checkpoints once, as a resume does), or that none was saved (a restart starts from the beginning)."""
+    newest = last_complete_checkpoint(output_dir, warn=False)
     if newest is None:
         return (
             f"No complete checkpoint was saved in {output_dir} yet: restart the server and start the run again "
@@ -439,6 +450,168 @@ def _warn_on_rng_files_of_another_process_count(checkpoint: str, world_size: int
     )
 
 
+# ------------------------------------------------------------------------------------------------ the model's identity
+#: Configuration keys that do not make another model: written by the version of `transformers` or the place the model
+#: was loaded from (`transformers_version`, `_name_or_path`, `architectures`, which `save_pretrained` fills in), the
+#: precision it is loaded in (`dtype`) or run-time switches (the cache, the attention kernel, the outputs returned).
+VOLATILE_CONFIG_KEYS = frozenset(
+    {
+        "transformers_version",
+        "_name_or_path",
+        "name_or_path",
+        "_commit_hash",
+        "architectures",
+        "dtype",
+        "torch_dtype",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "attn_implementation",
+        "_attn_implementation",
+        "_attn_implementation_internal",
+        "_attn_implementation_autoset",
+        "experts_implementation",
+        "_experts_implementation",
+    }
+)
+#: Module names that wrappers insert into parameter names (FSDP's, activation checkpointing's, `torch.compile`'s): a
+#: parameter is named as in the bare model.
+_WRAPPER_SEGMENTS = frozenset({"_fsdp_wrapped_module", "_checkpoint_wrapped_module", "_orig_mod"})
+
+
+def _stable_config(value):
+    """A configuration's `to_dict()` without the [`VOLATILE_CONFIG_KEYS`] (at every level: sub-configurations such as
+    `text_config` carry their own), as a JSON tree (keys strings, as the commit record stores them)."""
+    if isinstance(value, dict):
+        return {str(k): _stable_config(v) for k, v in value.items() if k not in VOLATILE_CONFIG_KEYS}
+    if isinstance(value, (list, tuple)):
+        return [_stable_config(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)  # e.g. a dtype or an enum left in a custom configuration
+
+
+def _parameter_name(name: str) -> str:
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+
+
+def _parameter_shapes(model) -> dict[str, str]:
+    """`{name: "d0xd1x..."}` of every parameter of `model` (trainable or frozen: a PEFT model's base weights and its
+    adapters), named as in the bare model. The full shape of a parameter that DeepSpeed ZeRO-3 partitions
+    (`ds_shape`; its local tensor is empty), and of each parameter that an FSDP1 `FlatParameter` holds (its `_fqns`
+    and `_shapes`)."""
+    shapes = {}
+    for name, param in model.named_parameters():
+        fqns, flat_shapes = getattr(param, "_fqns", None), getattr(param, "_shapes", None)
+        if fqns is not None and flat_shapes is not None:  # FSDP1 without `use_orig_params`: "<module>._flat_param"
+            prefix = name.rpartition(".")[0]
+            for fqn, shape in zip(fqns, flat_shapes):
+                shapes[_parameter_name(f"{prefix}.{fqn}" if prefix else fqn)] = "x".join(map(str, shape))
+            continue
+        shape = getattr(param, "ds_shape", None)
+        shape = param.shape if shape is None else shape
+        shapes[_parameter_name(name)] = "x".join(map(str, shape))
+    return shapes
+
+
+def _json_digest(value) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    return hashlib.new(DIGEST_ALGORITHM, text.encode()).hexdigest()
+
+
+def model_identity(model) -> dict | None:
+    """What a commit record holds of the model that wrote the checkpoint (its `"model"` entry): its configuration
+    (`config.to_dict()` without the [`VOLATILE_CONFIG_KEYS`]) and the names and shapes of its parameters, each with
+    its digest ([`DIGEST_ALGORITHM`] of the JSON text). Names and shapes only: no weight is read (a few milliseconds
+    for a model of a thousand tensors). None for a model without a configuration (nothing to compare then)."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return None
+    stable = _stable_config(config.to_dict())
+    parameters = _parameter_shapes(model)
+    return {
+        "config_digest": _json_digest(stable),
+        "config": stable,
+        "parameters_digest": _json_digest(parameters),
+        "parameters": parameters,
+    }
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """`{"a.b": value}` of a configuration's nested dictionaries (`text_config`, `rope_parameters`, ...)."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _listed(items: list[str], limit: int = 5) -> str:
+    return ", ".join(items[:limit]) + (f", ... ({len(items)} in all)" if len(items) > limit else "")
+
+
+def model_differences(saved: dict, current: dict) -> list[str]:
+    """What differs, in words, between the model identity of a commit record (`saved`) and that of the model being
+    trained (`current`), both from [`model_identity`]: the configuration keys whose values differ, and the parameters
+    only in one of them or of another shape (an empty list: the same model). A configuration key that one of them
+    lacks is not a difference: `transformers` adds keys to `to_dict()` from one version to the next (a model of
+    another type differs in `model_type`, and in its parameters)."""
+    differences = []
+    if saved.get("config_digest") != current.get("config_digest"):
+        then, now = _flat(saved.get("config") or {}), _flat(current.get("config") or {})
+        keys = sorted(key for key in then.keys() & now.keys() if then[key] != now[key])
+        if keys:
+            shown = [f"{key}: {json.dumps(then[key])} in the checkpoint, {json.dumps(now[key])} here" for key in keys]
+            differences.append(f"its configuration differs in {len(keys)} key(s) ({_listed(shown, 4)})")
+    if saved.get("parameters_digest") != current.get("parameters_digest"):
+        then, now = saved.get("parameters") or {}, current.get("parameters") or {}
+        only_saved = sorted(then.keys() - now.keys())
+        only_here = sorted(now.keys() - then.keys())
+        reshaped = sorted(name for name in then.keys() & now.keys() if then[name] != now[name])
+        if only_saved:
+            differences.append(f"{len(only_saved)} parameter(s) only in the checkpoint ({_listed(only_saved)})")
+        if only_here:
+            differences.append(f"{len(only_here)} parameter(s) only in this model ({_listed(only_here)})")
+        if reshaped:
+            shown = [f"{name}: {then[name]} in the checkpoint, {now[name]} here" for name in reshaped]
+            differences.append(f"{len(reshaped)} parameter(s) of another shape ({_listed(shown, 4)})")
+    return differences
+
+
+def check_checkpoint_model(checkpoint: str, identity: dict | None) -> None:
+    """Refuse, with a `ValueError` that says so and what differs ([`model_differences`]), a resume from `checkpoint`
+    whose commit record names another model than `identity` (the model being trained, [`model_identity`]). A
+    checkpoint without the model's identity (a commit record of an earlier version, a trainer that does not commit,
+    e.g. TRL's `GRPOTrainer`) or a model without one is not checked."""
+    saved = (_read_record(checkpoint) or {}).get("model")
+    if not isinstance(saved, dict) or identity is None:
+        return
+    differences = model_differences(saved, identity)
+    if differences:
+        raise ValueError(
+            f"Cannot resume from {checkpoint}: the checkpoint belongs to another model than the one being trained "
+            f"({'; '.join(differences)}; from its commit record, {COMMIT_RECORD}). Resume with the model that wrote "
+            "it, or train this model in another `output_dir` (`resume_from_checkpoint=True` takes the newest "
+            "complete checkpoint of `output_dir`). If it is the same model (e.g. a `transformers` upgrade changed "
+            f'how its configuration is written), delete the `"model"` entry of {COMMIT_RECORD} to resume unchecked.'
+        )
+
+
+def trainer_model_identity(trainer) -> dict | None:
+    """The [`model_identity`] of the trainer's model, unwrapped (`accelerator.unwrap_model`: DDP, DeepSpeed, FSDP's
+    outer wrapper; the names that inner wrappers add are dropped). None without a model."""
+    model = getattr(trainer, "model", None)
+    if model is None:
+        return None
+    accelerator = getattr(trainer, "accelerator", None)
+    if accelerator is not None:
+        model = accelerator.unwrap_model(model)
+    return model_identity(model)
+
+
 # --------------------------------------------------------------------------------------------------------- writing
 def _write_json_atomically(path: str, content: dict, suffix: str) -> None:
     tmp = f"{path}.{suffix}.tmp"
@@ -534,8 +707,9 @@ def begin_checkpoint(trainer, checkpoint: str) -> None:
 
 def commit_checkpoint(trainer, checkpoint: str) -> None:
     """Wait until every process has written (and closed) its files of `checkpoint`, then flush them all to the disk
-    and record the checkpoint as complete, with its files, their sizes and the digests of their contents (on the
-    saving processes)."""
+    and record the checkpoint as complete, with its files, their sizes and the digests of their contents, and the
+    identity of the model that wrote it ([`model_identity`]: taken as `train()` began, before the model was wrapped;
+    none for a trainer without a model) (on the saving processes)."""
     trainer.accelerator.wait_for_everyone()
     args = trainer.args
     if args.should_save:
@@ -549,6 +723,9 @@ def commit_checkpoint(trainer, checkpoint: str) -> None:
             "digest": DIGEST_ALGORITHM,
             "digests": digests,
         }
+        identity = getattr(trainer, "_rpg_model_identity", None) or trainer_model_identity(trainer)
+        if identity is not None:
+            record["model"] = identity
         _write_json_atomically(os.path.join(checkpoint, COMMIT_RECORD), record, f"p{args.process_index}")
 
 
@@ -619,13 +796,14 @@ def _failed_file(exc: BaseException) -> str | None:
 def disk_full_named(checkpoint: str, run_dir: str):
     """Turn an error of a full disk while `checkpoint` is written into a [`DiskFullError`] that says so, names the
     folder (and the file, when the error names it) and the newest complete checkpoint, which the failed save left
-    intact. Other errors pass unchanged."""
+    intact (the one `resume_from_checkpoint=True` takes: checked as a resume checks it, digests included). Other
+    errors pass unchanged."""
     try:
         yield
     except Exception as exc:
         if not _disk_full(exc, checkpoint):
             raise
-        previous = last_complete_checkpoint(run_dir, verify_digests=False)
+        previous = last_complete_checkpoint(run_dir)  # the resume's own check, digests included
         free = _free_bytes(checkpoint)
         where = _failed_file(exc) or checkpoint
         message = (
@@ -650,6 +828,11 @@ class CommittedCheckpointsMixin:
 
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         checkpoint = resolve_resume_checkpoint(resume_from_checkpoint, self.args.output_dir, self.args.world_size)
+        # The model's identity is taken here, before `transformers` wraps the model (DeepSpeed, FSDP): the names and
+        # full shapes of its parameters, which each commit records and a resume compares.
+        self._rpg_model_identity = trainer_model_identity(self)
+        if checkpoint is not None:
+            check_checkpoint_model(checkpoint, self._rpg_model_identity)
         return super().train(
             resume_from_checkpoint=checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval, **kwargs
         )

@@ -40,7 +40,8 @@ SHAPE_FIELDS = (
     "head_dim",
     "tie_word_embeddings",
 )
-#: Seconds the health probe before each generation waits for the server's answer.
+#: Seconds, at most, that the health probe before each generation waits for the server's answer: the bound is the
+#: smaller of this and `vllm_request_timeout` ([`health_timeout`]).
 HEALTH_TIMEOUT = 10.0
 #: Seconds, by default, that one request of a server-mode run to the vLLM server (a generation batch, a weight sync, a
 #: cache reset) may take before the run stops naming it (the config field `vllm_request_timeout`).
@@ -196,22 +197,53 @@ def _shared(trainer, value, broadcast_object_list):
     return box[0]
 
 
-def _unreachable_message(trainer, url, exc) -> str:
+def health_timeout(args) -> float:
+    """Seconds the health probe waits for the server's answer: the smaller of [`HEALTH_TIMEOUT`] and
+    `args.vllm_request_timeout` (when set). A healthy vLLM server answers `/health` from its HTTP front in
+    milliseconds, so 10 s is already a wide margin; following `vllm_request_timeout` (600 s by default) exactly would
+    let a server that accepts connections and never answers hold each generation ten minutes before the probe names
+    it, while a bound above a small `vllm_request_timeout` (e.g. 5 s) would let the probe outlast the bound the user
+    set on every request."""
+    seconds = getattr(args, "vllm_request_timeout", None)
+    return HEALTH_TIMEOUT if seconds is None else min(HEALTH_TIMEOUT, float(seconds))
+
+
+def _health_bound_words(args) -> str:
+    """How the health probe's bound was chosen ([`health_timeout`]), naming the option, for its error message."""
+    if not hasattr(args, "vllm_request_timeout"):
+        return f"the probe's own {HEALTH_TIMEOUT:g} s; this trainer's config has no `vllm_request_timeout`"
+    option = args.vllm_request_timeout
+    if option is None:
+        return f"the probe's own {HEALTH_TIMEOUT:g} s, as `vllm_request_timeout` is None (unbounded requests)"
+    return f"the smaller of {HEALTH_TIMEOUT:g} s and `vllm_request_timeout` = {float(option):g} s"
+
+
+def _unreachable_message(trainer, url, exc, probe_seconds: float | None = None) -> str:
+    """Why the run stops: the server at `url` failed a request with `exc` (with `probe_seconds`: its health probe,
+    whose bound, and the option it follows, the message names), and the checkpoints saved."""
+    probe = ""
+    if probe_seconds is not None:
+        probe = (
+            f"; its health probe (`GET {url}/health`, bounded to {probe_seconds:g} s: "
+            f"{_health_bound_words(trainer.args)}) failed"
+        )
     return (
         f"The vLLM server at {url} stopped answering ({type(exc).__name__}: {exc}) at training step "
-        f"{trainer.state.global_step}. {saved_checkpoints_sentence(trainer.args.output_dir)}"
+        f"{trainer.state.global_step}{probe}. {saved_checkpoints_sentence(trainer.args.output_dir)}"
     )
 
 
 def probe_server(trainer, url: str) -> None:
     """Raise [`VLLMServerError`] naming `url` when the vLLM server there does not answer its health probe within
-    [`HEALTH_TIMEOUT`] seconds (in this process only)."""
+    [`health_timeout`] seconds (the smaller of [`HEALTH_TIMEOUT`] and `vllm_request_timeout`; in this process only);
+    the message names the bound and the option."""
     import requests
 
+    seconds = health_timeout(trainer.args)
     try:
-        requests.get(f"{url}/health", timeout=HEALTH_TIMEOUT).raise_for_status()
+        requests.get(f"{url}/health", timeout=seconds).raise_for_status()
     except requests.RequestException as exc:
-        raise VLLMServerError(_unreachable_message(trainer, url, exc)) from exc
+        raise VLLMServerError(_unreachable_message(trainer, url, exc, probe_seconds=seconds)) from exc
 
 
 class ProbeWhileWaiting:
@@ -324,8 +356,9 @@ def bound_server_requests(trainer) -> bool:
 def server_errors_named(trainer, url: str | None = None):
     """
     Around one generation (weight sync included) of a server-mode run: a health probe of the server first (at most
-    [`HEALTH_TIMEOUT`] seconds; the result shared by every process, which all raise together), and any error of the
-    server's requests during the generation re-raised as [`VLLMServerError`] naming the server's URL. TRL's client
+    [`health_timeout`] seconds: the smaller of [`HEALTH_TIMEOUT`] and `vllm_request_timeout`; the result shared by
+    every process, which all raise together), and any error of the server's requests during the generation re-raised
+    as [`VLLMServerError`] naming the server's URL. TRL's client
     retries a refused connection about a minute before it gives up, which bounds the time to the error when the server
     dies in the middle of a request. `url`: the server of a trainer that is not in TRL's server mode (the asynchronous
     trainer's weight sync); by default the server-mode run's, and nothing is done outside server mode.

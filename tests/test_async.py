@@ -370,6 +370,7 @@ def test_example_script_reads_the_async_recipe(tmp_path):
 # ----------------------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the toy reward's math-verify fallback, off the main thread, runs in a worker process
 def test_bench_async_command_end_to_end(tmp_path):
     """`rpg-trl bench-async` on an untrained demo model (no warm start), 2 steps at lag 2: the table, the plot and the
     results, with the policy version each step was sampled from."""

@@ -160,6 +160,7 @@ INVALID_CONFIGS = [
     (AsyncRPGConfig, dict(kl_drift_warning=1), "`kl_drift_warning` must be True or False"),
     (AsyncRPGConfig, dict(kl_drift_min_kl=float("inf")), "`kl_drift_min_kl` must be a finite number >= 0"),
     (AsyncRPGConfig, dict(main_process_exit_timeout=float("inf")), "`main_process_exit_timeout` must be a finite"),
+    (AsyncRPGConfig, dict(vllm_request_timeout=0), "`vllm_request_timeout` must be a finite number of seconds > 0"),
     (AsyncRPGConfig, dict(kl_anchor="reference", beta=0.0), "`kl_anchor='reference'` with `beta=0`"),
     (AsyncRPGConfig, dict(kl_anchor="initial"), "`kl_anchor` must be one of"),
     (AsyncRPGConfig, dict(kl_importance_weight=False, divergence="fkl"), "`kl_importance_weight=False` is the"),

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ..config import KLControlArguments, RPGLossArguments
+from ..reliability.vllm_server import REQUEST_TIMEOUT, check_request_timeout
 
 
 @dataclass
@@ -30,10 +31,30 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, AsyncGRPOConfig):
     initial model instead (the base model with PEFT). The loss is a token mean over each micro-batch, AsyncGRPO's
     normaliser; there is no `aggregation` field and importance weights are per token. The adaptive KL coefficient
     (`kl_target`) is refused: β is fixed here.
+
+    `vllm_request_timeout` (`float` or `None`, default `600.0`, as [`RPGConfig`]'s and checked by the same rule): seconds
+    that one request to the vLLM server may take. Here it bounds each completion request of TRL's rollout worker
+    (`POST /v1/completions`, in place of TRL's `request_timeout`): a request that times out ends the run with a
+    `VLLMServerError` naming the server, the request and this option; other failures (refused connection, an HTTP error)
+    are tried at most 3 times in all (TRL: 3 × 30), so the error comes within 3 × `vllm_request_timeout` + 4 s of the
+    first try ([`rpg_trl.async_rpg.rollouts`]). `None`: TRL's `request_timeout` and retries, unbounded in practice.
     """
+
+    vllm_request_timeout: float | None = field(
+        default=REQUEST_TIMEOUT,
+        metadata={
+            "help": "Seconds that one completion request of the rollout worker to the vLLM server may take; past it "
+            "the run stops with a VLLMServerError naming the server, the request and this option (TRL's worker would "
+            "retry it 3 × 30 times at `request_timeout`, about 15 h against a server that hangs, while the trainer "
+            "waits without a word). It replaces TRL's `request_timeout` for these requests, and failures other than a "
+            "timeout are tried at most 3 times in all: the error comes within 3 × this bound + 4 s. Same default as "
+            f"RPGConfig's ({REQUEST_TIMEOUT:g}). None: TRL's `request_timeout` and retries."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
+        check_request_timeout(self.vllm_request_timeout)
         self.check_rpg_loss_arguments()
         if self.rpg_loss_spec().kl_needs_completion_order:
             raise ValueError(

@@ -26,6 +26,7 @@ from ..reliability.vllm_server import (
 )
 from ..trainer import RPGTrainer
 from .config import AsyncRPGConfig
+from .rollouts import POLL_INTERVAL, NamedWorkerFailure, bound_rollout_requests, guard_worker_stop
 
 
 #: Key under which a rollout sample's policy version rides in its per-sample `metrics` from the rollout queue to the
@@ -114,6 +115,10 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
         self._vllm_server_url = args.vllm_server_base_url if uses_server else None
         if self._vllm_server_url is not None:  # every process stops, naming it, when it fails in a weight sync
             watch_for_server_failure(self, self._vllm_server_url)
+        #: Whether TRL's rollout worker (main process) bounds its completion requests by `vllm_request_timeout` and
+        #: ends, naming the server, when one hangs or keeps failing (`rpg_trl.async_rpg.rollouts`).
+        self._rollout_requests_bounded = bound_rollout_requests(self.rollout_worker, args.vllm_request_timeout)
+        guard_worker_stop(self.rollout_worker)  # a worker that failed is joined, not waited on forever
         #: Frozen KL anchor with `kl_anchor="reference"` (None with PEFT: the base model, adapter disabled).
         self.ref_model = None
         if args.kl_anchor == "reference" and not is_peft_model(self.accelerator.unwrap_model(self.model)):
@@ -161,6 +166,15 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
         if isinstance(loader.collate_fn, DataCollatorForRollout):
             loader.collate_fn = _PolicyVersionCollator(loader.collate_fn)
         dataset = self._rollout_dataset if self.accelerator.is_main_process else None  # TRL's view of the queue
+        # A worker that ended on a bounded request (`vllm_request_timeout`) is raised as the `VLLMServerError` it ended
+        # on, and looked at every second (TRL: 5 s) while the queue is empty, so that the error comes within the bound.
+        if (
+            self._rollout_requests_bounded
+            and dataset is not None
+            and dataset.check_health_fn == self.rollout_worker.check_health
+        ):
+            dataset.check_health_fn = NamedWorkerFailure(self.rollout_worker, self)
+            dataset.poll_interval_s = min(dataset.poll_interval_s, POLL_INTERVAL)
         # While the main process waits on an empty queue: the server probed too, and a failure told to every process.
         probing = isinstance(getattr(dataset, "check_health_fn", None), ProbeWhileWaiting)
         if self._vllm_server_url is not None and dataset is not None and not probing:

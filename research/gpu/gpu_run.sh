@@ -79,6 +79,8 @@
 # `carry` argument (about 22 MiB; the working tree travels with it, 64 MiB at most); research/docs/benchmarks.md gives the two
 # calls. This script installs the chosen wheels with `pip install --no-index --no-deps --target` into a temporary
 # folder put first on PYTHONPATH, and puts the repository and research/ on PYTHONPATH (no install of rpg_trl or rpg_research needed).
+# research/gpu/gpu_prepare.sh does every step before the first device call (the wheels, the warm starts, the size
+# of each call, the dry run), each timed.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -38,6 +38,32 @@ class FailingServer(HangingServer):
         handler.wfile.write(b"{}")
 
 
+class AnsweringServer(HangingServer):
+    """The stand-in server, answering every completion request with the tokens `completion_ids` (at most the request's
+    `max_tokens` of them, each with the stand-in's log-prob): the same completion for every prompt, e.g. a hostile
+    answer for the reward; `counts` as the stand-in's."""
+
+    def __init__(self, model: str, completion_ids: list[int]):
+        super().__init__(model)
+        self.completion_ids = list(completion_ids)
+
+    def _payload(self, path: str, body: dict):
+        from helpers.hung_server import LOGPROB
+
+        if path != "/v1/completions":
+            return super()._payload(path, body)
+        ids = self.completion_ids[: body["max_tokens"]]
+        choice = {
+            "token_ids": ids,
+            "logprobs": {
+                "tokens": [f"token_id:{i}" for i in ids],
+                "token_logprobs": [LOGPROB] * len(ids),
+                "top_logprobs": [None] * len(ids),
+            },
+        }
+        return {"choices": [dict(choice, prompt_token_ids=p) for p in body["prompt"] for _ in range(body["n"])]}
+
+
 class NullWeightTransfer:
     """TRL's `WeightTransferProtocol`, doing nothing (the stand-in server takes no weights)."""
 

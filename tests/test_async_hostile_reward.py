@@ -84,16 +84,20 @@ class ProcessWatch:
         self._thread.join()
 
 
-def _alive(processes) -> list[int]:
-    """The pids of `processes` still running (`is_running` compares the start time too) and not zombies."""
-    alive = []
-    for process in processes:
+def _alive(processes, wait: float = 5.0) -> list[int]:
+    """The pids of `processes` still running (`is_running` compares the start time too) and not zombies after `wait`
+    seconds: the kernel kills a reward worker when the rollout worker's process ends, and its exit takes a moment."""
+
+    def running(process):
         try:
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process.pid)
+            return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
-            pass
-    return alive
+            return False
+
+    deadline = time.monotonic() + wait
+    while any(running(process) for process in processes) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [process.pid for process in processes if running(process)]
 
 
 @pytest.mark.slow

@@ -14,9 +14,15 @@ long to evaluate), so it scores 0.0, and the well-formed "Answer: 1" scores 1.0.
 
 import asyncio
 import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
+import psutil
 import pytest
 from datasets import Dataset
 
@@ -72,6 +78,14 @@ def _in_thread(function, how: str):
     return results[0]
 
 
+def _running(process: psutil.Process) -> bool:
+    """Whether `process` still runs: not ended, not a zombie (an orphan waits for its reaper), not a recycled pid."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 # ==================================================================================================== the math reward
 @pytest.mark.parametrize("answer", HOSTILE.values(), ids=HOSTILE.keys())
 def test_a_hostile_answer_scores_zero_in_the_main_thread_with_a_warning(one_second_limits, answer, caplog):
@@ -118,6 +132,64 @@ def test_a_worker_past_its_deadline_is_killed_and_replaced(monkeypatch, caplog):
     assert len(pids[1]) == 1  # ...and a new one scored the next completion
     rewards._POOL.close()
     assert all(worker.process is None for worker in rewards._POOL._workers)
+
+
+@pytest.mark.slow  # starts worker processes
+def test_a_worker_ends_with_the_thread_that_started_it_and_the_next_request_is_still_scored():
+    """A worker process ends when the thread that started it ends (Linux's `PR_SET_PDEATHSIG` follows the thread), so a
+    pool of threads leaves none behind; the idle worker left in the pool is then dead, and the next thread's request
+    starts a new one instead of scoring its completion 0.0."""
+    rewards._POOL.close()
+    pids = []
+
+    def score():
+        scores = accuracy_reward(["Answer: 1"], ["1"])
+        pids.extend(worker.process.pid for worker in rewards._POOL._workers if worker.process is not None)
+        return scores
+
+    assert _in_thread(score, "thread") == [1.0]
+    assert len(pids) == 1
+    worker, deadline = psutil.Process(pids[0]), time.monotonic() + 10
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(worker), "the worker outlived the thread that started it"
+    assert _in_thread(lambda: accuracy_reward(["Answer: 1", "Answer: 2"], ["1", "1"]), "thread") == [1.0, 0.0]
+    rewards._POOL.close()
+
+
+@pytest.mark.slow  # starts a Python process and its worker
+def test_a_worker_busy_on_a_hostile_answer_ends_at_once_when_its_process_is_killed(tmp_path):
+    """A process killed with SIGKILL (as TRL's rollout worker is stopped) runs no exit handler; its worker, busy on a
+    hostile answer (math-verify inside sympy, where the end of its stdin is not read), is killed by the kernel with
+    it, instead of computing on as an orphan."""
+    script = textwrap.dedent(
+        f"""
+        import threading, time
+        from rpg_trl.math_task import rewards
+
+        # No limit ends the parse within the test: only the kernel can end the worker in time.
+        rewards.PARSING_TIMEOUT_SECONDS = rewards.VERIFY_TIMEOUT_SECONDS = 600
+        rewards.WORKER_TIMEOUT_SECONDS = 600.0
+        threading.Thread(target=rewards.accuracy_reward, args=([{HOSTILE["power tower of four 9s"]!r}], ["1"])).start()
+        while not [worker for worker in rewards._POOL._workers if worker.process is not None]:
+            time.sleep(0.05)
+        print(rewards._POOL._workers[0].process.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = psutil.Process(int(parent.stdout.readline()))
+        time.sleep(2)  # the worker started, read the request and is scoring it
+        assert _running(worker)
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        parent.stdout.close()
+    deadline = time.monotonic() + 5
+    while _running(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(worker), "the worker outlived its killed process"
 
 
 @pytest.mark.slow  # starts the worker process

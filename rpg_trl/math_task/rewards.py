@@ -309,21 +309,43 @@ def _warn_timeout(what: str, text: str) -> None:
 # answer within WORKER_TIMEOUT_SECONDS. The worker is a fresh interpreter (`subprocess`, not `fork`: forking a process
 # that has torch and threads loaded is unsafe; not `multiprocessing`'s spawn either, which would re-import the user's
 # `__main__` script) that loads this file alone, so it imports math-verify and sympy but not torch or TRL (under a
-# second to start). Requests and answers are JSON lines on its stdin and on a copy of its stdout.
+# second to start). Requests and answers are JSON lines on its stdin and on a copy of its stdout. A worker ends with
+# the thread that started it (below), so that none outlives a process killed without running its exit handlers, such
+# as TRL's rollout worker stopped by `terminate()`.
 
 _WORKER_BOOT = (
     "import importlib.util, sys\n"
     "spec = importlib.util.spec_from_file_location('_rpg_math_verify_worker', sys.argv[1])\n"
     "module = importlib.util.module_from_spec(spec)\n"
     "spec.loader.exec_module(module)\n"
-    "module._worker_main()\n"
+    "module._worker_main(int(sys.argv[2]))\n"
 )
 
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-def _worker_main() -> None:
-    """Loop of a worker process: one JSON request per line on stdin, one JSON answer per line back."""
+
+def _end_with_parent(parent: int) -> None:
+    """On Linux, ask the kernel to kill this worker when the thread that started it ends (`PR_SET_PDEATHSIG`, which
+    follows the starting thread, not its process): the end of stdin would come only after the current completion,
+    and a parse stuck inside one C call can take minutes. Elsewhere the worker ends at the end of its stdin."""
+    import ctypes
     import signal
 
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent ended before the request above
+        os._exit(0)
+
+
+def _worker_main(parent: int) -> None:
+    """Loop of a worker process started by process `parent`: one JSON request per line on stdin, one JSON answer per
+    line back."""
+    import signal
+
+    _end_with_parent(parent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the trainer, which ends its workers
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # time-outs are reported by the calling process
     channel = os.fdopen(os.dup(sys.stdout.fileno()), "w")
@@ -358,7 +380,7 @@ class _Worker:
         # The parent's import path, so that the worker finds math-verify wherever the parent found it.
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(path for path in sys.path if path))
         self.process = subprocess.Popen(
-            [sys.executable, "-c", _WORKER_BOOT, os.path.abspath(__file__)],
+            [sys.executable, "-c", _WORKER_BOOT, os.path.abspath(__file__), str(os.getpid())],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -392,14 +414,20 @@ class _Worker:
         return line.strip()
 
     def score(self, request: dict) -> dict | None:
-        """The worker's answer to `request`, or None if it took longer than [`WORKER_TIMEOUT_SECONDS`] or the worker
-        ended; the worker is then killed, and started again at the next request."""
-        if self.process is None:
-            self._start()
-        try:
-            self.process.stdin.write((json.dumps(request) + "\n").encode())
-        except OSError:  # the worker ended since its last answer
-            self.kill()
+        """The worker's answer to `request`, or None if it took longer than [`WORKER_TIMEOUT_SECONDS`] or ended while
+        scoring it; the worker is then killed, and started again at the next request. A worker that ended between two
+        requests (the thread that started it ended) is started again first, so the request is still scored."""
+        for _ in range(2):
+            if self.process is not None and self.process.poll() is not None:
+                self.kill()
+            if self.process is None:
+                self._start()
+            try:
+                self.process.stdin.write((json.dumps(request) + "\n").encode())
+                break
+            except OSError:  # the worker ended since the check above
+                self.kill()
+        else:
             return None
         line = self._read_line(time.monotonic() + WORKER_TIMEOUT_SECONDS)
         if line is None:
@@ -499,7 +527,8 @@ def accuracy_reward(completions: list, solution: list, **kwargs) -> list[float |
     process's main thread where the same limits hold, and kills the worker if one completion takes longer than
     [`WORKER_TIMEOUT_SECONDS`] (20 s; the next completion starts a new worker). Workers are started at the first call
     off the main thread (a Python interpreter with math-verify and sympy, not torch: under a second), reused, at most
-    [`MAX_VERIFY_WORKERS`] at a time, and killed at exit. A completion that exceeds a limit scores 0.0 ("not
+    [`MAX_VERIFY_WORKERS`] at a time, and killed at exit; on Linux the kernel also ends a worker with the thread that
+    started it, so none outlives a process killed without exit handlers (TRL stops its rollout worker so). A completion that exceeds a limit scores 0.0 ("not
     verified"; a reference that exceeds it gives `None`), with a warning at the 1st, 10th, 100th, ... time-out.
 
     Bounded cost per completion: in the main thread at most 5 s to parse the answer and 5 s to compare it (plus 5 s

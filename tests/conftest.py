@@ -1,3 +1,4 @@
-"""The library's tests: their set-up is shared with the research package's tests (helpers/fixtures.py)."""
+"""The library's tests: their set-up is the library's pytest plugin (rpg_trl/testing/pytest_plugin.py), which the
+research package's tests load too."""
 
-from helpers.fixtures import *  # noqa: F401,F403
+pytest_plugins = ["rpg_trl.testing.pytest_plugin"]

@@ -1,7 +1,9 @@
 """AsyncRPGTrainer (rpg_trl.async_rpg): configuration, the loss on TRL's packed stream against independent references
 (TRL's AsyncGRPOTrainer, and `rpg_loss` on a plain padded forward), staleness, and end-to-end CPU training under a
-policy lag of two versions with a resume from a checkpoint (local rollout worker of rpg_research.cpu_rollouts). On a TRL
-older than 1.16 (the oldest releases of the library's window) the module skips, with the library's refusal as reason."""
+policy lag of two versions with a resume from a checkpoint (local rollout worker of rpg_trl.testing.cpu_rollouts). On a
+TRL older than 1.16 (the oldest releases of the library's window) the module skips, with the library's refusal as
+reason. The `rpg-trl bench-async` command that runs on the same worker is tested with the research package
+(research/tests/test_bench_async.py)."""
 
 # ruff: noqa: E402 - the skip below comes before the imports of TRL's asynchronous trainer, which TRL 1.14 lacks
 
@@ -23,10 +25,10 @@ from safetensors.torch import load_file
 from trl.experimental.async_grpo import AsyncGRPOConfig, AsyncGRPOTrainer
 
 import rpg_trl
-from rpg_research.cpu_rollouts import cpu_backend
 from rpg_trl.async_rpg import AsyncRPGConfig, AsyncRPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss
 from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
+from rpg_trl.testing.cpu_rollouts import cpu_backend
 
 from helpers.async_harness import (
     RecordingWeightTransfer,
@@ -363,41 +365,6 @@ def test_example_script_reads_the_async_recipe(tmp_path):
     assert (args.max_staleness, args.token_budget, args.epsilon_high, args.learning_rate) == (4, 16384, 0.28, 1e-6)
     grpo = example.grpo_config(args)
     assert type(grpo) is AsyncGRPOConfig and (grpo.max_staleness, grpo.token_budget) == (4, 16384)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# rpg-trl bench-async
-# ----------------------------------------------------------------------------------------------------------------------
-
-
-@pytest.mark.slow  # the toy reward's math-verify fallback, off the main thread, runs in a worker process
-def test_bench_async_command_end_to_end(tmp_path):
-    """`rpg-trl bench-async` on an untrained demo model (no warm start), 2 steps at lag 2: the table, the plot and the
-    results, with the policy version each step was sampled from."""
-    import json
-
-    from rpg_research.cli import main
-
-    output = tmp_path / "bench"
-    argv = ["bench-async", "--quick", "--output_dir", str(output), "--sft_steps", "0", "--steps", "2", "--lags", "2"]
-    argv += ["--methods", "RPG-REINFORCE-URKL", "--eval_problems", "4", "--eval_every", "2"]
-    assert main(argv) == 0
-    results = json.loads((output / "results.json").read_text())
-    (run,) = results["runs"]
-    assert (run["method"], run["lag"]) == ("RPG-REINFORCE-URKL", 2)
-    assert [tuple(v) for v in run["sampled_versions"]] == [(1, 1), (2, 1)]  # step s from version max(1, s - 2)
-    assert [p["step"] for p in run["accuracy_curve"]] == [0, 2]
-    assert "| 2 | RPG-REINFORCE-URKL |" in (output / "table.md").read_text()
-    assert (output / "bench_async.png").stat().st_size > 10_000
-
-
-def test_bench_async_refuses_bad_arguments():
-    from rpg_research.cli.bench_async import BenchAsyncArguments
-
-    with pytest.raises(ValueError, match="lags"):
-        BenchAsyncArguments(lags=[0])
-    with pytest.raises(ValueError, match="Unknown method"):
-        BenchAsyncArguments(methods=["PPO"])
 
 
 @pytest.mark.slow

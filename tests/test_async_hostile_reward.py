@@ -18,8 +18,8 @@ from helpers.trl_release import skip_module_without_async_trl
 
 skip_module_without_async_trl()
 
-from rpg_research.cpu_rollouts import cpu_backend
 from rpg_trl.math_task.rewards import WORKER_START_TIMEOUT_SECONDS, WORKER_TIMEOUT_SECONDS, accuracy_reward
+from rpg_trl.testing.cpu_rollouts import cpu_backend
 
 from helpers import async_server_faults
 from helpers.async_harness import async_args
@@ -39,7 +39,7 @@ ROLLOUT_MARK, REWARD_MARK = "spawn_main", "_rpg_math_verify_worker"
 def printable_model_dir(tmp_path_factory):
     """The tiny Qwen3 with the tokenizer whose chat template TRL's rollout worker parses (`helpers.async_vllm_worker`):
     it spells every printable character, so the stand-in can return the hostile answer token by token."""
-    from rpg_research.toy import save_tiny_model
+    from rpg_trl.testing import save_tiny_model
 
     from helpers.async_vllm_worker import printable_tokenizer
 

@@ -18,11 +18,11 @@ from helpers.trl_release import skip_module_without_async_trl
 
 skip_module_without_async_trl()
 
-from rpg_research.cpu_rollouts import cpu_backend
 from rpg_trl.async_rpg import AsyncRPGConfig
 from rpg_trl.async_rpg.rollouts import REQUEST_ATTEMPTS, failure_bound
 from rpg_trl.reliability import VLLMServerError
 from rpg_trl.reliability.vllm_server import REQUEST_TIMEOUT
+from rpg_trl.testing.cpu_rollouts import cpu_backend
 
 from helpers import async_server_faults, hung_server
 from helpers.async_harness import async_args
@@ -38,7 +38,7 @@ NOT_OF_THE_RUN = ("rollout-trace-logger", "_telemetry_worker", "TMonitor")
 @pytest.fixture(scope="module")
 def printable_model_dir(tmp_path_factory):
     """The tiny Qwen3 with the tokenizer whose chat template TRL's rollout worker parses (`helpers.async_vllm_worker`)."""
-    from rpg_research.toy import save_tiny_model
+    from rpg_trl.testing import save_tiny_model
 
     from helpers.async_vllm_worker import printable_tokenizer
 

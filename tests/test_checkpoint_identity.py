@@ -28,8 +28,6 @@ import pytest
 import torch
 
 import rpg_trl
-from rpg_research.toy import build_char_tokenizer, save_tiny_model
-from rpg_research.toy.models import build_tiny_qwen3
 from rpg_trl.reliability import DiskFullError
 from rpg_trl.reliability.checkpoints import (
     COMMIT_RECORD,
@@ -49,6 +47,8 @@ from rpg_trl.reliability.vllm_server import (
     health_timeout,
     probe_server,
 )
+from rpg_trl.testing import build_char_tokenizer, save_tiny_model
+from rpg_trl.testing.models import build_tiny_qwen3
 
 from helpers.tiny_runs import make_trainer
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import sessions
+from rpg_trl.testing import sessions
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -62,7 +62,7 @@ def test_a_sigterm_to_pytest_ends_the_sessions_its_tests_started(tmp_path):
     """pytest runs tests/helpers/sigterm_probe.py, whose test starts a session of its own as the vLLM server fixture
     does (a shell and its sleeping child) and a plain child, then sleeps. A SIGTERM to pytest ends it within seconds
     (with SIGTERM's status, as without the handler) and leaves none of them running: without the conftests'
-    handler (helpers/sessions.py) pytest ended at once and the session, out of reach of its process group, went on."""
+    handler (rpg_trl/testing/sessions.py) pytest ended at once and the session, out of reach of its process group, went on."""
     out = tmp_path / "pids"
     env = dict(os.environ, RPG_PROBE_PIDS=str(out))
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/helpers/sigterm_probe.py"]

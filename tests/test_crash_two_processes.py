@@ -22,8 +22,9 @@ from pathlib import Path
 import pytest
 
 from rpg_trl.reliability.checkpoints import last_complete_checkpoint
+from rpg_trl.testing import sessions
 
-from helpers import save_crash_two_proc, save_faults, sessions
+from helpers import save_crash_two_proc, save_faults
 from helpers.ports import free_port
 
 

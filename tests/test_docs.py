@@ -142,7 +142,7 @@ def test_each_gpu_step_time_figure_carries_its_conditions(page):
             assert not missing, f"{page}: the GPU figure {figure} does not say {missing}: {flat[:200]}"
     if page == "CHANGELOG.md":
         assert quoted, f"{page} no longer quotes a GPU step-time ratio: update this test"
-    from rpg_research.toy import build_char_tokenizer
+    from rpg_trl.testing import build_char_tokenizer
 
     assert len(build_char_tokenizer()) == 28  # bench-speed's model reads the toy character tokenizer
     gpu_run = (ROOT / "research" / "gpu" / "gpu_run.sh").read_text()

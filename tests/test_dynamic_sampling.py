@@ -18,7 +18,6 @@ import torch
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_research.toy import build_char_tokenizer
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.config import DynamicSamplingArguments
 from rpg_trl.dynamic_sampling import (
@@ -34,6 +33,7 @@ from rpg_trl.dynamic_sampling import (
     prompt_key,
     select_groups,
 )
+from rpg_trl.testing import build_char_tokenizer
 
 from helpers.tiny_runs import PROMPTS, sevens_unless_even, tiny_run_args
 

@@ -18,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
-from rpg_research.toy import no_activation_checkpointing  # noqa: E402
 from rpg_trl import RPGConfig  # noqa: E402
+from rpg_trl.testing import no_activation_checkpointing  # noqa: E402
 
 import eval_math  # noqa: E402
 import rpg_math  # noqa: E402

@@ -10,7 +10,7 @@ come first in the file (pytest runs it in order): the longest tests, the ones a 
 each ended at the stage's deadline (RPG_STAGE_DEADLINE) with a message rather than killed with pytest.
 
 Dry run on CPU: `RPG_GPU_DRY_RUN=1 python -m pytest -q tests/test_gpu.py` runs the same test functions, unmarked, on
-the CPU with the tiny Qwen3 of `rpg_research.toy` (still bf16 autocast and gradient checkpointing, fewer steps), so that
+the CPU with the tiny Qwen3 of `rpg_trl.testing` (still bf16 autocast and gradient checkpointing, fewer steps), so that
 the GPU suite is known to import and run before a GPU is at hand (`research/tests/test_gpu_dry_run.py` does this in CI). The
 DeepSpeed ZeRO stages are left out of the dry run (ZeRO is exercised here on CUDA; on CPU, with 2 processes, by
 `tests/test_launch_configs.py`); there the same training script runs under `accelerate launch` without DeepSpeed
@@ -29,12 +29,11 @@ import time
 import pytest
 import torch
 
-from rpg_research.toy import build_char_tokenizer, save_tiny_model
-from rpg_research.toy.training import activation_checkpointing
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS
+from rpg_trl.testing import build_char_tokenizer, save_tiny_model, sessions
+from rpg_trl.testing.training import activation_checkpointing
 
-from helpers import sessions
 from helpers.tiny_runs import PROMPTS
 
 
@@ -42,7 +41,8 @@ from helpers.tiny_runs import PROMPTS
 DRY_RUN = os.environ.get("RPG_GPU_DRY_RUN", "0") not in ("", "0")
 DEVICE = "cpu" if DRY_RUN else "cuda"
 
-# Marked `gpu` (and so skipped without CUDA by tests/helpers/fixtures.py) except in the dry run, which is meant to run on CPU.
+# Marked `gpu` (and so skipped without CUDA by rpg_trl/testing/pytest_plugin.py) except in the dry run, which is meant to
+# run on CPU.
 pytestmark = [] if DRY_RUN else [pytest.mark.gpu]
 
 # ~0.5B parameters: 28 layers of hidden 1024, MLP 5120, 16 query / 4 key-value heads of 64.
@@ -54,7 +54,7 @@ HALF_B = dict(
     intermediate_size=5120,
     max_position_embeddings=512,
 )
-#: The dry run's model: `rpg_research.toy`'s defaults (about 0.1M parameters).
+#: The dry run's model: `rpg_trl.testing`'s defaults (about 0.1M parameters).
 TINY = dict(max_position_embeddings=512)
 MODEL_SIZES, PARAM_RANGE = (TINY, (1e4, 1e6)) if DRY_RUN else (HALF_B, (0.4e9, 0.7e9))
 
@@ -110,8 +110,8 @@ TRAIN_SCRIPT = textwrap.dedent("""
     import json, math, sys
     from datasets import Dataset
     from rpg_trl import RPGConfig, RPGTrainer
-    from rpg_research.toy import build_char_tokenizer
-    from rpg_research.toy.training import activation_checkpointing
+    from rpg_trl.testing import build_char_tokenizer
+    from rpg_trl.testing.training import activation_checkpointing
 
     model_dir, out_dir, anchor, use_cpu = sys.argv[1:5]
     ds = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
@@ -146,8 +146,9 @@ ZERO_CASES = [(0, "reference")] if DRY_RUN else [(2, "sampling"), (3, "reference
 #: dry run), so that a hung launch fails its test instead of the whole GPU call.
 LAUNCH_TIMEOUT = int(os.environ.get("RPG_GPU_LAUNCH_TIMEOUT", "300" if DRY_RUN else "120"))
 #: Seconds kept before the stage's deadline (RPG_STAGE_DEADLINE, set by research/gpu/gpu_run.sh): a launch past its
-#: time is ended (SIGTERM, then SIGKILL after helpers.sessions' 5 s) and its test fails with its output, within
-#: pytest-timeout's limit (research/gpu/pytest_times.py keeps 10 s) and before the stage's deadline ends pytest unheard.
+#: time is ended (SIGTERM, then SIGKILL after rpg_trl.testing.sessions' 5 s) and its test fails with its output,
+#: within pytest-timeout's limit (research/gpu/pytest_times.py keeps 10 s) and before the stage's deadline ends pytest
+#: unheard.
 LAUNCH_MARGIN = 20
 
 
@@ -183,7 +184,7 @@ def run_launch(cmd) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, process.returncode, stdout, stderr)
 
 
-@pytest.mark.slow  # it starts a process: unmarked, tests/helpers/tiers.py fails it at its teardown
+@pytest.mark.slow  # it starts a process: unmarked, rpg_trl/testing/tiers.py fails it at its teardown
 @pytest.mark.parametrize("stage, anchor", ZERO_CASES)
 def test_deepspeed_zero_single_process(half_b_model_dir, tmp_path, stage, anchor):
     """`accelerate launch --num_processes 1` of a 4-step bf16 run with DeepSpeed ZeRO-2 or ZeRO-3 (the configs of

@@ -32,13 +32,13 @@ from transformers import AutoConfig, TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_research.toy import build_char_tokenizer, make_fixed_rollout
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import AGGREGATIONS, DIAGNOSTIC_METRICS, DIVERGENCES, ESTIMATORS, rpg_loss
 from rpg_trl.math_task.rewards import accuracy_reward, extract_answer, format_reward, get_soft_overlong_punishment
 from rpg_trl.reliability import DiskFullError, RewardFunctionError
 from rpg_trl.reliability.checkpoints import checkpoint_problems, is_complete
 from rpg_trl.reliability.generation_state import GENERATION_STATE_FILE
+from rpg_trl.testing import build_char_tokenizer, make_fixed_rollout
 
 from helpers import crash_worker, save_faults
 from helpers.crash_worker import MAX_STEPS

@@ -26,10 +26,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rpg_research.toy import no_activation_checkpointing
 from rpg_trl.reliability.checkpoints import COMMIT_RECORD, is_complete
+from rpg_trl.testing import no_activation_checkpointing, sessions
 
-from helpers import sessions
 from helpers.ports import free_port
 from helpers.tiny_runs import assert_close_in_norm, save_math_assets
 

@@ -1,8 +1,10 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """The layout: the library (`rpg_trl`) never imports the research package beside it (`research/rpg_research`: the
-command line, the toy tasks, the CPU rollouts), the toy tasks never import the command line, no two modules import
-each other (directly or through others), and the README's layout paragraph names every part of both packages. Checked
-on the source with `ast`, imports inside functions included."""
+command line, the toy tasks), the trainers never import the library's testing package (`rpg_trl.testing`, which the
+tests and the research package use), the toy tasks never import the command line, no two modules import each other
+(directly or through others), and the README's layout paragraph names every part of both packages. Checked on the
+source with `ast`, imports inside functions included, without importing the research package (its own exports are
+checked by research/tests/test_research_layout.py)."""
 
 import ast
 from pathlib import Path
@@ -85,13 +87,25 @@ def test_library_modules_exist_and_the_research_is_apart():
     assert {"rpg_trl", "rpg_trl.losses", "rpg_trl.config", "rpg_trl.trainer", "rpg_trl.ref_sync.trigger"} <= library
     assert all(name == "rpg_trl" or name.startswith("rpg_trl.") for name in library)
     research = {_module_name(p) for p in _modules()}
-    assert {"rpg_research.cli", "rpg_research.toy", "rpg_research.cpu_rollouts.worker"} <= research
+    assert {"rpg_research.cli", "rpg_research.toy", "rpg_research.toy.models"} <= research
     assert not library & research
     assert not (PACKAGE / "tools").exists()
 
 
 def test_no_library_module_imports_the_research_package():
     assert _offending(_library_modules(), ("rpg_research",)) == {}
+
+
+def test_no_library_module_outside_the_testing_package_imports_it():
+    """`rpg_trl.testing` (tiny models, CPU rollouts, the pytest plugin) serves tests: the trainers do not depend on it.
+    Its own modules import each other (the pytest plugin builds its model with `rpg_trl.testing.models`), which the
+    walk must see, or the check below would pass on a walk that finds nothing."""
+    testing = PACKAGE / "testing"
+    inside = [p for p in _library_modules() if p.is_relative_to(testing)]
+    outside = [p for p in _library_modules() if not p.is_relative_to(testing)]
+    assert "rpg_trl.testing.models" in _imported_modules(testing / "pytest_plugin.py")
+    assert len(inside) >= 5 and len(outside) > 20
+    assert _offending(outside, ("rpg_trl.testing",)) == {}
 
 
 def test_the_toy_task_never_imports_the_command_line():
@@ -177,13 +191,6 @@ def test_the_readme_layout_names_every_part_of_the_package():
             if f"`{name}`" not in layout:
                 missing.append(name)
     assert missing == []
-
-
-def test_toy_exports_resolve():
-    import rpg_research.toy as toy
-
-    for name in toy.__all__:
-        assert getattr(toy, name) is not None, name
 
 
 def test_the_mixins_keep_to_their_own_attributes():

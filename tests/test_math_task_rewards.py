@@ -255,8 +255,8 @@ AUTHORS_ACCURACY_ADVANTAGES = [1.0, 1.0, -1.0, -1.0, 0.0, 0.0, 0.0, 0.0]
 def _scoring_trainer(model_dir, scale_rewards, reward_weights):
     """An RPGTrainer on the tiny model whose generations are PLANNED (TRL's `rollout_func` hook), with
     examples/rpg_math.py's reward functions of the recipes: [accuracy_reward, overlong punishment]."""
-    from rpg_research.toy import build_char_tokenizer
     from rpg_trl import RPGConfig, RPGTrainer
+    from rpg_trl.testing import build_char_tokenizer
 
     from helpers.tiny_runs import quiet_cpu_args
 

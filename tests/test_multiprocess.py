@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from rpg_trl.losses import AGGREGATIONS
+from rpg_trl.testing import sessions
 
-from helpers import mp_worker, sessions
+from helpers import mp_worker
 from helpers.ports import free_port
 
 

@@ -17,12 +17,12 @@ from transformers import TrainerCallback
 from trl.distributed import DistributedBackend
 from trl.trainer.callbacks import SyncRefModelCallback
 
-from rpg_research.toy import build_char_tokenizer
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.ref_sync import RefModelSyncCallback
 from rpg_trl.ref_sync.trigger import SyncTrigger
 from rpg_trl.ref_sync.weights import REF_ADAPTER, REFERENCE_FILE, gather_reference, mix_parameters, restore_reference
 from rpg_trl.reliability.checkpoints import COMMIT_RECORD
+from rpg_trl.testing import build_char_tokenizer
 
 from helpers.ports import free_port
 from helpers.sync_two_proc import AllocatedBytes

@@ -976,7 +976,7 @@ def test_two_trainers_in_one_process_group_have_their_own_failure_record(monkeyp
 
 # ==================================================================================================== prompt rows
 def _char_tokenizer():
-    from rpg_research.toy import build_char_tokenizer
+    from rpg_trl.testing import build_char_tokenizer
 
     return build_char_tokenizer()  # digits, '+-*=?:. \n' and 'Answer'; no unknown token: other characters raise
 

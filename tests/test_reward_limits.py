@@ -26,11 +26,11 @@ import psutil
 import pytest
 from datasets import Dataset
 
-from rpg_research.toy import build_char_tokenizer
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.math_task import rewards
 from rpg_trl.math_task.rewards import accuracy_reward
 from rpg_trl.reliability.reward_guard import RewardFunctionError, RewardGuard, RewardTimeoutError
+from rpg_trl.testing import build_char_tokenizer
 
 from helpers.tiny_runs import tiny_run_args
 

@@ -1,10 +1,10 @@
-"""The test tiers (setup.cfg's `slow` mark, tests/helpers/tiers.py): a test outside the slow tier that starts a process
+"""The test tiers (setup.cfg's `slow` mark, rpg_trl/testing/tiers.py): a test outside the slow tier that starts a process
 or a server fails, naming what it started; with the mark, or starting nothing, it passes. Checked on tests run by
 pytest itself (pytester, in this process)."""
 
 import pytest
 
-from helpers import tiers
+from rpg_trl.testing import tiers
 
 
 INNER_TESTS = """
@@ -37,7 +37,9 @@ def test_starts_nothing():
 
 def test_unmarked_tests_that_start_a_process_or_a_server_fail_and_marked_ones_pass(pytester, request):
     pytester.makeini("[pytest]\nmarkers =\n    slow: the slow tier\n")
-    pytester.makeconftest("from helpers import tiers\n\n\ndef pytest_configure(config):\n    tiers.install(config)\n")
+    pytester.makeconftest(
+        "from rpg_trl.testing import tiers\n\n\ndef pytest_configure(config):\n    tiers.install(config)\n"
+    )
     pytester.makepyfile(test_inner=INNER_TESTS)
     result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:benchmark")
     # What the inner tests started is theirs: this test's own record of it is dropped.

@@ -6,9 +6,9 @@ import pytest
 import torch
 from trl import GRPOConfig
 
-from rpg_research.toy import build_char_tokenizer
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import DIAGNOSTIC_METRICS, DIVERGENCES, ESTIMATORS, rpg_loss
+from rpg_trl.testing import build_char_tokenizer
 
 from helpers.tiny_runs import (
     PROMPTS,

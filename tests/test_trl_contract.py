@@ -18,9 +18,9 @@ from datasets import DatasetDict
 from transformers import AutoModelForCausalLM, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from rpg_research.toy import build_char_tokenizer
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.config import LOSS_TYPE_TO_AGGREGATION
+from rpg_trl.testing import build_char_tokenizer
 
 from helpers.tiny_runs import PROMPTS, count_sevens, logged, tiny_run_args
 

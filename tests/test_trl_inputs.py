@@ -289,7 +289,7 @@ def test_rollout_func_with_an_env_mask_trains_and_its_mask_reaches_the_loss_as_t
     GRPOTrainer hands `env_mask` to the loss as `tool_mask` (padded with 1): RPG trains 2 steps on it, the mask that
     reaches `_compute_loss` is the rollout's, and the token count of the loss (`num_items_in_batch`) leaves the
     environment's tokens out."""
-    from rpg_research.toy import build_char_tokenizer
+    from rpg_trl.testing import build_char_tokenizer
 
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")  # GRPOTrainer's warning that `rollout_func` is experimental
     tokenizer = build_char_tokenizer()
@@ -343,7 +343,7 @@ def test_a_dict_of_eval_datasets_logs_the_metrics_of_each_under_its_name(tiny_mo
     `eval_a_loss` and `eval_b_loss` (the Trainer's prefix), each in a record of its own that holds RPG's metrics of
     that dataset's batches (GRPOTrainer logs its metrics as `eval_kl`, `eval_reward`, ... without the dataset's name),
     and the batches that reached the loss in evaluation are those datasets' prompts."""
-    from rpg_research.toy import build_char_tokenizer
+    from rpg_trl.testing import build_char_tokenizer
 
     tokenizer = build_char_tokenizer()
     # 2 prompts x 4 completions: one evaluation batch per dataset; "0+0=", "1+1=" and "5+1=", "6+1=".
@@ -392,7 +392,7 @@ def tool_calling_model(tmp_path_factory):
     (`trl.chat_template_utils.add_response_schema`)."""
     from trl.chat_template_utils import qwen3_chat_template
 
-    from rpg_research.toy import build_char_tokenizer, save_tiny_model
+    from rpg_trl.testing import build_char_tokenizer, save_tiny_model
 
     tokenizer = build_char_tokenizer(string.printable)
     specials = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<think>", "</think>"]
@@ -582,7 +582,7 @@ def tiny_vlm(tmp_path_factory):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
     from trl.chat_template_utils import qwen2_5_vl_chat_template
 
-    from rpg_research.toy import build_char_tokenizer
+    from rpg_trl.testing import build_char_tokenizer
 
     tokenizer = build_char_tokenizer(string.printable)
     specials = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]

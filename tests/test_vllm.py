@@ -40,9 +40,9 @@ from safetensors.torch import load_file  # noqa: E402
 from tokenizers import Regex, pre_tokenizers  # noqa: E402
 from transformers import AutoModelForCausalLM, TrainerCallback  # noqa: E402
 
-from rpg_research.toy import build_char_tokenizer, save_tiny_model  # noqa: E402
 from rpg_trl import RPGTrainer  # noqa: E402
 from rpg_trl.reliability import VLLMServerError, shutdown_colocated_vllm  # noqa: E402
+from rpg_trl.testing import build_char_tokenizer, save_tiny_model  # noqa: E402
 
 from helpers import failure_two_proc  # noqa: E402
 from helpers.ports import free_port  # noqa: E402
@@ -1015,8 +1015,8 @@ def test_async_rpg_server_killed_mid_run_stops_with_its_url(vllm_server, vllm_mo
     `ConnectionError` from `/pause` on the main process, while other processes would wait in a barrier.)"""
     from trl.chat_template_utils import qwen3_chat_template
 
-    from rpg_research.cpu_rollouts import cpu_backend
     from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
+    from rpg_trl.testing.cpu_rollouts import cpu_backend
 
     from helpers.async_harness import async_args, digit_reward
     from helpers.vllm_async_transfer import FileWeightTransfer

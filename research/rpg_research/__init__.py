@@ -4,8 +4,9 @@
 It uses `rpg_trl` as a user does; nothing in `rpg_trl` imports it (`tests/test_layout.py`).
 
 * `cli`: the `rpg-trl` command and its subcommands (the offline demo, the benchmarks, the figures).
-* `toy`: the offline addition tasks of the demo, the benchmarks and the tests (tiny Qwen3, character tokenizer).
-* `cpu_rollouts`: a CPU rollout worker that runs the asynchronous trainers without a vLLM server or a GPU.
+* `toy`: the offline addition tasks of the demo, the benchmarks and their tests (tiny Qwen3, character tokenizer).
+* `cpu_rollouts`: a CPU rollout worker that runs the asynchronous trainers without a vLLM server or a GPU (the
+  library's testing package's, `rpg_trl.testing.cpu_rollouts`, under the name `rpg-trl bench-async` imports).
 
 The reports of its benchmarks are in `research/docs/`, the GPU runs' scripts in `research/gpu/`.
 """

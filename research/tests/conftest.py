@@ -1,4 +1,4 @@
-"""The research package's tests: the same set-up as the library's (tests/helpers/fixtures.py; `helpers` is on the path
-through setup.cfg's `pythonpath`)."""
+"""The research package's tests: the same set-up as the library's, its pytest plugin
+(rpg_trl/testing/pytest_plugin.py); nothing of tests/ is imported."""
 
-from helpers.fixtures import *  # noqa: F401,F403
+pytest_plugins = ["rpg_trl.testing.pytest_plugin"]

@@ -217,7 +217,7 @@ def test_drawdown_and_moving_average():
 
 def test_bench_arguments_presets_and_errors(monkeypatch):
     args = bench_algos.BenchAlgosArguments(quick=True, steps=5)
-    assert args.steps == 5 and args.sft_steps == 100 and args.sft_extra_rounds == 0
+    assert args.steps == 5 and args.sft_steps == 40 and args.sft_extra_rounds == 0
     full = bench_algos.BenchAlgosArguments()
     # The protocol: both regimes, a grid spanning at least 8x, selection seeds apart from 5 consecutive final seeds.
     assert full.regimes == [16, 4] and full.steps == 128

@@ -19,7 +19,7 @@ from rpg_research.cli.position_diagnostics import (
     summarize_positions,
 )
 from rpg_trl import RPGConfig, RPGTrainer
-from tests.helpers.tiny_runs import PROMPTS, count_sevens, fixed_inputs, make_trainer, tiny_run_args
+from rpg_trl.testing.runs import PROMPTS, count_sevens, fixed_inputs, make_trainer, tiny_run_args
 
 
 def _batch():

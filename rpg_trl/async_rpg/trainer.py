@@ -109,8 +109,9 @@ class AsyncRPGTrainer(CommittedCheckpointsMixin, ImportanceWeightMonitorMixin, K
         self.loss_spec = args.rpg_loss_spec()
         self._tag_names = [*type(self)._tag_names, self.loss_spec.paper_name.lower()]
         super().__init__(model, reward_funcs, args=args, **kwargs)
-        #: The vLLM server that TRL's rollout worker samples from or TRL's weight transfer pushes to (None when both are
-        #: injected, e.g. `rpg_research.cpu_rollouts`): a weight sync probes it first and names it when it stops answering.
+        #: The vLLM server that TRL's rollout worker samples from or TRL's weight transfer pushes to (None when both
+        #: are injected, e.g. `rpg_trl.testing.cpu_rollouts`): a weight sync probes it first and names it when it stops
+        #: answering.
         uses_server = kwargs.get("rollout_worker") is None or kwargs.get("weight_transfer") is None
         self._vllm_server_url = args.vllm_server_base_url if uses_server else None
         if self._vllm_server_url is not None:  # every process stops, naming it, when it fails in a weight sync

@@ -1,8 +1,9 @@
 """What the tests of the asynchronous trainers share: a quiet CPU configuration, a local rollout worker on the tiny
 Qwen3, packed batches built by TRL's own packer, and the log-probabilities of a plain (unpacked) forward pass.
 
-The rollout worker, the weight transfer and the CPU stand-ins for TRL's GPU-only parts are those of
-`rpg_research.cpu_rollouts` (the `rpg-trl bench-async` command uses them too); this module only wires them for tests.
+The rollout worker, the weight transfer and the CPU stand-ins for TRL's GPU-only parts are those of the library's
+testing package, `rpg_trl.testing.cpu_rollouts` (the `rpg-trl bench-async` command uses them too); this module only
+wires them for tests.
 """
 
 import torch
@@ -11,11 +12,11 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollout
 from trl.experimental.async_grpo.packing import TreeRow
 
-from rpg_research.cpu_rollouts import LocalRolloutWorker, LocalWeightTransfer
-from rpg_research.toy import no_activation_checkpointing
+from rpg_trl.testing import no_activation_checkpointing
+from rpg_trl.testing.cpu_rollouts import LocalRolloutWorker, LocalWeightTransfer
 
 
-#: "a+b=" prompts with their sum, covered by the character tokenizer of `rpg_research.toy`.
+#: "a+b=" prompts with their sum, covered by the character tokenizer of `rpg_trl.testing`.
 PROMPTS = Dataset.from_dict(
     {
         "prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)],

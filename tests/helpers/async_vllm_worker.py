@@ -30,7 +30,7 @@ def printable_tokenizer():
     from tokenizers import Regex, pre_tokenizers
     from trl.chat_template_utils import qwen3_chat_template
 
-    from rpg_research.toy import build_char_tokenizer
+    from rpg_trl.testing import build_char_tokenizer
 
     tokenizer = build_char_tokenizer(string.printable)
     tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
@@ -107,8 +107,8 @@ def main() -> None:
 
     import torch
 
-    from rpg_research.cpu_rollouts import cpu_backend
     from rpg_trl import AsyncRPGConfig, AsyncRPGTrainer
+    from rpg_trl.testing.cpu_rollouts import cpu_backend
 
     from helpers.async_harness import async_args, digit_reward
     from helpers.vllm_async_transfer import FileWeightTransfer

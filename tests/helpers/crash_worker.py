@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from rpg_research.toy import build_char_tokenizer
 from rpg_trl import RPGConfig, RPGTrainer
+from rpg_trl.testing import build_char_tokenizer
 
 
 if __name__ == "__main__":  # run as a script: `tests/` on the path, for `helpers.*`

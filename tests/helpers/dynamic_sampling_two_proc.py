@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: `tests/` on the path, for `helpers.*`
 
-from rpg_research.toy import build_char_tokenizer  # noqa: E402
 from rpg_trl import RPGConfig, RPGTrainer  # noqa: E402
+from rpg_trl.testing import build_char_tokenizer  # noqa: E402
 
 from helpers.tiny_runs import PROMPTS, sevens_unless_even, tiny_run_args  # noqa: E402
 

@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from transformers import Qwen3ForCausalLM
 
-from rpg_research.toy import build_char_tokenizer
 from rpg_trl import RPGConfig, RPGTrainer
+from rpg_trl.testing import build_char_tokenizer
 
 
 if __name__ == "__main__":  # run as a script: `tests/` on the path, for `helpers.*`

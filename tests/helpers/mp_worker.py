@@ -20,9 +20,9 @@ import torch
 import torch.distributed as dist
 from transformers import Qwen3ForCausalLM
 
-from rpg_research.toy import build_char_tokenizer, make_fixed_rollout
 from rpg_trl import RPGConfig, RPGTrainer
 from rpg_trl.losses import AGGREGATIONS
+from rpg_trl.testing import build_char_tokenizer, make_fixed_rollout
 
 
 if __name__ == "__main__":  # run as a script: `tests/` on the path, for `helpers.*`

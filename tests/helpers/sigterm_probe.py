@@ -1,6 +1,6 @@
 """Run by tests/test_ci.py as `pytest tests/helpers/sigterm_probe.py` (not collected otherwise): a test that starts a
-session of its own as the vLLM server fixture does (helpers.sessions.popen: a shell and its sleeping child) and a
-plain child (as `subprocess.run` starts a torchrun), writes their process ids to $RPG_PROBE_PIDS and sleeps until the
+session of its own as the vLLM server fixture does (rpg_trl.testing.sessions.popen: a shell and its sleeping child) and
+a plain child (as `subprocess.run` starts a torchrun), writes their process ids to $RPG_PROBE_PIDS and sleeps until the
 outer test sends pytest a SIGTERM."""
 
 import os
@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import sessions
+from rpg_trl.testing import sessions
 
 
 def test_sleeps_until_terminated():

@@ -60,8 +60,8 @@ def checksum(module) -> float:
 def main(model_dir: str, out_dir: str) -> None:
     from transformers import TrainerCallback
 
-    from rpg_research.toy import build_char_tokenizer
     from rpg_trl import RPGConfig, RPGTrainer
+    from rpg_trl.testing import build_char_tokenizer
 
     from helpers.tiny_runs import PROMPTS, quiet_cpu_args
 

@@ -1,17 +1,23 @@
-"""What the tests that train a tiny local Qwen3 on CPU share: the prompts and the settings of a short, quiet run."""
+"""What the tests that train a tiny local Qwen3 on CPU share: the prompts and the settings of a short, quiet run, the
+trainer and the off-policy batch of the library's testing package (`rpg_trl.testing.runs`, importable from here too),
+and the checks and assets of the library's own tests."""
 
 import json
 import logging
 import string
 
 import torch
-from datasets import Dataset
 
-from rpg_research.toy import no_activation_checkpointing
-
-
-#: 100 "a+b=" prompts, all covered by the character tokenizer of `rpg_research.toy`.
-PROMPTS = Dataset.from_dict({"prompt": [f"{a}+{b}=" for a in range(10) for b in range(10)]})
+# The tiny runs of the library's testing package, which the tests import from here (research/tests from there).
+from rpg_trl.testing.runs import (  # noqa: F401
+    PROMPTS,
+    count_sevens,
+    fixed_inputs,
+    make_trainer,
+    policy_logps,
+    quiet_cpu_args,
+    tiny_run_args,
+)
 
 
 def save_math_assets(root) -> dict:
@@ -20,7 +26,7 @@ def save_math_assets(root) -> dict:
     evaluation problems (`tiny_eval.jsonl`). Returns their paths by those names (the tiny model answers wrong; fine)."""
     from tokenizers import Regex, pre_tokenizers
 
-    from rpg_research.toy import build_char_tokenizer, save_tiny_model
+    from rpg_trl.testing import build_char_tokenizer, save_tiny_model
 
     tokenizer = build_char_tokenizer(string.printable)
     # One token per character, newlines included (the prompt has blank lines).
@@ -41,56 +47,10 @@ def save_math_assets(root) -> dict:
     return {"root": root, "model": model, "train": str(train), "eval": str(evaluation)}
 
 
-def quiet_cpu_args(output_dir, **overrides) -> dict:
-    """`RPGConfig` keyword arguments of a short CPU run that logs every step with seed 0 and writes nothing else (no
-    report, no checkpoint, no progress bar); `overrides` add to or replace them."""
-    return {
-        "output_dir": str(output_dir),
-        "logging_steps": 1,
-        "report_to": "none",
-        "use_cpu": True,
-        "save_strategy": "no",
-        "disable_tqdm": True,
-        "seed": 0,
-        **overrides,
-    }
-
-
-def tiny_run_args(output_dir, **overrides) -> dict:
-    """[`quiet_cpu_args`] of a 2-step run on the tiny Qwen3: 2 groups of 4 completions of 8 tokens per step,
-    learning rate 1e-2, no gradient checkpointing; `overrides` add to or replace them."""
-    defaults = dict(
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=8,
-        max_steps=2,
-        **no_activation_checkpointing(),
-        learning_rate=1e-2,
-    )
-    return quiet_cpu_args(output_dir, **{**defaults, **overrides})
-
-
-def count_sevens(completions, **kwargs):
-    """An obvious reward: the fraction of '7' characters in an 8-character completion."""
-    return [c.count("7") / 8 for c in completions]
-
-
 def sevens_unless_even(completions, prompts, **kwargs):
     """Constant (zero-variance) reward for prompts starting with an even digit, the count of '7's otherwise: the groups
     of even prompts have no signal (dynamic sampling drops them)."""
     return [0.0 if int(p[0]) % 2 == 0 else c.count("7") / 8 for p, c in zip(prompts, completions)]
-
-
-def make_trainer(model_dir, tmp_path, trainer_cls=None, config_cls=None, reward=count_sevens, **overrides):
-    """A trainer (`RPGTrainer` by default, or e.g. TRL's `GRPOTrainer` with `GRPOConfig`) of a [`tiny_run_args`] run
-    on the tiny model in `model_dir`, with the [`PROMPTS`] and the character tokenizer."""
-    from rpg_research.toy import build_char_tokenizer
-    from rpg_trl import RPGConfig, RPGTrainer
-
-    args = (config_cls or RPGConfig)(**tiny_run_args(tmp_path, **overrides))
-    return (trainer_cls or RPGTrainer)(
-        model_dir, reward, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
-    )
 
 
 def logged(trainer, key):
@@ -101,45 +61,6 @@ def logged(trainer, key):
 def rpg_warnings(caplog):
     """The warnings that `rpg_trl` logged, as captured by pytest's `caplog`."""
     return [r.getMessage() for r in caplog.records if r.name.startswith("rpg_trl") and r.levelno == logging.WARNING]
-
-
-def policy_logps(trainer, prompt_ids, prompt_mask, completion_ids, completion_mask):
-    """The trainer's per-token log-probs of the completion tokens under its current model (no gradient), (B, T)."""
-    with torch.no_grad():
-        return trainer._get_per_token_logps_and_entropies(
-            trainer.model,
-            torch.cat([prompt_ids, completion_ids], 1),
-            torch.cat([prompt_mask, completion_mask], 1),
-            completion_ids.size(1),
-        )[0]
-
-
-def fixed_inputs(trainer, batch_size=8, completion_len=6, seed=0, spread=0.5):
-    """A scored batch in the format `GRPOTrainer._compute_loss` receives, off-policy: π_old and π_ref are the
-    current policy's log-probs shifted by independent uniform noise in [-spread, spread] (spread 0.2 keeps every
-    importance weight inside RPG-Style Clip's trust region [0.8, 1.28]); ragged completions."""
-    g = torch.Generator().manual_seed(seed)
-    vocab = trainer.processing_class.vocab_size
-    prompt_ids = torch.randint(2, vocab, (batch_size, 4), generator=g)
-    completion_ids = torch.randint(2, vocab, (batch_size, completion_len), generator=g)
-    completion_mask = torch.ones(batch_size, completion_len, dtype=torch.long)
-    for i in range(batch_size):
-        completion_mask[i, completion_len - (i % 4) :] = 0
-    logps = policy_logps(trainer, prompt_ids, torch.ones_like(prompt_ids), completion_ids, completion_mask)
-
-    def noise():
-        return (2 * torch.rand(logps.shape, generator=g) - 1) * spread
-
-    return {
-        "prompt_ids": prompt_ids,
-        "prompt_mask": torch.ones_like(prompt_ids),
-        "completion_ids": completion_ids,
-        "completion_mask": completion_mask,
-        "advantages": torch.randn(batch_size, generator=g),
-        "old_per_token_logps": logps + noise(),
-        "ref_per_token_logps": logps + noise(),
-        "num_items_in_batch": completion_mask.sum(),
-    }
 
 
 def assert_close_in_norm(actual, expected, ulps=64, dtype=None, what="tensor"):

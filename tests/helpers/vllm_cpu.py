@@ -27,7 +27,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import sessions
 from .ports import free_port
 
 
@@ -110,8 +109,11 @@ class VLLMServer:
         # Forwarded to `vllm serve`: the receiving end of the test-side weight transport (see CPUWeightReceiver).
         command += ["--worker-extension-cls", "helpers.vllm_cpu.CPUWeightReceiver", *self.extra_args]
         env = vllm_cpu_env(self.workdir / "tmp", PYTHONPATH=pythonpath)
+        # In a session of its own, ended with pytest on a SIGTERM. Imported here: the server's workers import this
+        # module, which imports only the standard library at the top.
+        from rpg_trl.testing import sessions
+
         with open(self.log, "ab") as log:
-            # In a session of its own, ended with pytest on a SIGTERM (helpers.sessions).
             self.process = sessions.popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
             )

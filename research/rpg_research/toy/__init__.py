@@ -1,8 +1,9 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""The offline toy task that ``rpg-trl demo``, the benchmarks and the tests share; not part of the RPG library.
+"""The offline toy task that ``rpg-trl demo``, the benchmarks and their tests share; not part of the RPG library.
 
-Everything here runs on a CPU without the hub: tiny Qwen3 models and character tokenizers built locally
-([`models`]), the two-digit addition task with its splits, datasets and exact-match reward ([`addition`]), held-out
+Everything here runs on a CPU without the hub: tiny Qwen3 models and character tokenizers built locally ([`models`],
+from the library's testing package `rpg_trl.testing`, as are the activation-checkpointing setting and the deterministic
+rollouts below), the two-digit addition task with its splits, datasets and exact-match reward ([`addition`]), held-out
 accuracy and its trainer callback ([`evaluation`]), the supervised warm start that teaches the model to add and its
 per-seed cache ([`warm_start`]), the CPU session and training presets ([`training`]), deterministic rollouts for
 comparing trainers on the same batches ([`rollouts`]) and the training curves read back from a run ([`curves`]).

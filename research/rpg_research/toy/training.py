@@ -1,6 +1,7 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """How the toy task trains: the session settings, the device (the CPU by default, or CUDA), the supervised and RL training
-presets, a terse progress bar."""
+presets, a terse progress bar; activation checkpointing is off on every CPU run (the library's testing package's
+[`~rpg_trl.testing.training.no_activation_checkpointing`])."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import functools
 import warnings
 from contextlib import contextmanager
 from typing import ClassVar
+
+# `activation_checkpointing` stays importable from here (`rpg-trl bench-speed` imports it so).
+from rpg_trl.testing.training import activation_checkpointing, no_activation_checkpointing  # noqa: F401
 
 from .addition import MAX_COMPLETION_LENGTH
 
@@ -39,26 +43,6 @@ def cpu_session(num_threads: int):
         transformers.logging.set_verbosity(verbosity)
         if progress_bars:
             datasets.enable_progress_bars()
-
-
-@functools.cache
-def activation_checkpointing(enabled: bool) -> dict:
-    """
-    The training argument that turns activation checkpointing on or off, in the spelling of the installed
-    transformers: `activation_checkpointing` from the release that introduced it (`gradient_checkpointing` is its
-    deprecated alias there), `gradient_checkpointing` before (e.g. 5.17, the newest that vLLM 0.31 accepts).
-    """
-    import dataclasses
-
-    from transformers import TrainingArguments
-
-    names = {f.name for f in dataclasses.fields(TrainingArguments)}
-    return {"activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing": enabled}
-
-
-def no_activation_checkpointing() -> dict:
-    """[`activation_checkpointing`] off: the setting of every CPU run of the demo, the benchmarks and the tests."""
-    return activation_checkpointing(False)
 
 
 #: Settings shared by every trainer of the demo and of the benchmarks on the addition task: no checkpoints or trackers

@@ -1,12 +1,13 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """Child processes that outlive a SIGTERM to pytest, and their end.
 
 The tests start some processes in a session of their own (`start_new_session=True`), so that a test can end a whole
 tree at once: a `trl vllm-serve` and its engine core, a torchrun and its workers. A SIGTERM to pytest (CI stopped, a
 timeout) ends pytest at once, without its fixtures' teardown, and a signal to pytest's process group does not reach
-those sessions: they went on running. [`install`] (tests/helpers/fixtures.py, which the conftests import) makes a SIGTERM to pytest end, first, every
-process below it (its children, theirs, and the sessions [`popen`] started: SIGTERM, then SIGKILL after a few
-seconds), and ends the sessions still running when pytest exits (atexit). Standard library only: the vLLM server's
-workers import `helpers.vllm_cpu`, which imports this module.
+those sessions: they went on running. [`install`] (which the pytest plugin, `rpg_trl.testing.pytest_plugin`, calls)
+makes a SIGTERM to pytest end, first, every process below it (its children, theirs, and the sessions [`popen`] started:
+SIGTERM, then SIGKILL after a few seconds), and ends the sessions still running when pytest exits (atexit). Standard
+library only: the vLLM server's workers of the tests import `helpers.vllm_cpu`, which imports this module.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """The fast tier stays fast: a test that starts a process or a server must carry the `slow` mark.
 
 The README's test command runs `-m "not slow"` (the fast tier); `.ci/run` then runs `-m slow` (setup.cfg, the
 markers). A test that starts a process (`subprocess.Popen`, which `subprocess.run`, `check_output` and the
-`helpers.sessions` launches go through; `multiprocessing.Process.start`; `os.fork`) or listens on a socket (a stand-in
-server) without the mark fails, naming what it started, so that a new launch cannot slip into the fast tier unseen.
-[`install`] registers the check with pytest (tests/helpers/fixtures.py calls it).
+`rpg_trl.testing.sessions` launches go through; `multiprocessing.Process.start`; `os.fork`) or listens on a socket (a
+stand-in server) without the mark fails, naming what it started, so that a new launch cannot slip into the fast tier
+unseen. [`install`] registers the check with pytest (the pytest plugin, `rpg_trl.testing.pytest_plugin`, calls it).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ r"""Run TRL's asynchronous trainers without a vLLM server: an in-process rollout
 
 TRL's [`~trl.experimental.async_grpo.AsyncGRPOTrainer`] (and so [`AsyncRPGTrainer`]) samples from a vLLM server. This
 module replaces the server by a local worker, through the trainer's own extension points (`rollout_worker`,
-`weight_transfer`), so that the asynchronous trainers run on a CPU (with [`~rpg_research.cpu_rollouts.cpu_backend`] for the
-attention kernel): for the benchmark `rpg-trl bench-async` and for the tests.
+`weight_transfer`), so that the asynchronous trainers run on a CPU (with [`~rpg_trl.testing.cpu_rollouts.cpu_backend`]
+for the attention kernel): for the tests, and for the research package's benchmark `rpg-trl bench-async`.
 
 * [`LocalRolloutWorker`] (a [`~trl.experimental.async_grpo.async_grpo_trainer.RolloutWorkerProtocol`]): a thread
   that keeps its own copy of the policy (SDPA attention), samples completions with transformers' `generate`, scores

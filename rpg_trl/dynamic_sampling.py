@@ -35,7 +35,7 @@ How it fits TRL's [`~trl.GRPOTrainer`]:
 The functions below are pure (tensors and dicts in, tensors and dicts out) and are tested without a trainer;
 [`generate_with_dynamic_sampling`] runs the loop for a trainer, [`~rpg_trl.RPGTrainer`] calls it when
 `dynamic_sampling=True`, and [`DynamicSamplingMixin`] adds it to any other `GRPOTrainer` subclass (e.g. TRL's own GRPO
-and DAPO losses, for the baselines of `examples/rpg_math.py`).
+and DAPO losses, for the baselines of the project's math example, `rpg_math.py`).
 """
 
 from __future__ import annotations

@@ -15,12 +15,12 @@ with `KL` the divergence measured on that step and `n` the number of samples (co
 made once per optimizer step. It is a multiplicative dual ascent on the constraint `D ≤ δ`: β is the Lagrange
 multiplier of the budget.
 
-The KL is RPG's: the importance-weighted estimate `S` of the chosen divergence (the table of docs/design.md,
-`E_old[S] = D(π_θ, π_ref)`), which measures the current policy even when the batch was sampled by an older one (Sec. 3).
-It is the KL that the loss names as the one β weighs ([`~rpg_trl.losses.RPGLossSpec.controlled_kl`]): with
-`kl_level="token"` the logged `kl` (token mean over the step's micro-batches and all processes); with
-`kl_level="sequence"` `kl/sequence` (the whole-completion estimate, averaged over the step's completions), and the
-target is then a KL per completion.
+The KL is RPG's: the importance-weighted estimate `S` of the chosen divergence (the table of docs: *Design of the RPG
+loss in rpg_trl*, "The regularised gradient": `E_old[S] = D(π_θ, π_ref)`), which measures the current policy even when
+the batch was sampled by an older one (Sec. 3). It is the KL that the loss names as the one β weighs
+([`~rpg_trl.losses.RPGLossSpec.controlled_kl`]): with `kl_level="token"` the logged `kl` (token mean over the step's
+micro-batches and all processes); with `kl_level="sequence"` `kl/sequence` (the whole-completion estimate, averaged
+over the step's completions), and the target is then a KL per completion.
 
 [`AdaptiveKLController`] holds the rule and its state (plain Python, testable without a trainer);
 [`AdaptiveKLCallback`] runs it inside a `transformers` Trainer: it writes β into the trainer's loss specification

@@ -205,7 +205,8 @@ class RPGTrainer(
         so that RPG and GRPO losses are on the same scale; returns `(loss, policy_loss)` (the latter detached, before
         the gradient-accumulation scaling, as GRPOTrainer logs it); `loss_mask` is the float mask of the loss's tokens.
         GRPOTrainer computes these normalisers inside `_compute_loss` and exposes no method for them: this copy is
-        pinned to TRL's code, and checked against its values in training and evaluation, by tests/test_grpo_parity.py."""
+        pinned to TRL's code, and checked against its values in training and evaluation, for each `loss_type`
+        (`test_loss_type_normalisers_and_masks_equal_grpo_trainer`, `test_evaluation_loss_equals_grpo_trainer`)."""
         args: RPGConfig = self.args
         accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
         if args.loss_type == "dapo":
@@ -233,7 +234,7 @@ class RPGTrainer(
         toward less otherwise, within [`entropy_coef_min`, `entropy_coef_max`]. The coefficient and the last entropy
         are saved in checkpoints by GRPOTrainer (`entropy_ctrl_state.json`). GRPOTrainer runs this controller inside
         `_compute_loss` and exposes no method for it: this copy is pinned to TRL's code, and checked against its logged
-        values, by tests/test_grpo_parity.py.
+        values (`test_adaptive_entropy_controller_follows_grpo_trainer`).
         """
         args: RPGConfig = self.args
         accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0

@@ -5,14 +5,15 @@
 trainers do (GMPO, SDPO, ...): the loss, the batch and a few checkpoint steps are reached through private methods,
 attributes and batch keys, which a TRL release may rename without notice. [`PRIVATE_SURFACE`] lists every one of them
 with what the library does with it; [`check_private_surface`] compares the table with the installed TRL and
-transformers and returns what moved. `tests/test_trl_surface.py` runs it, and also checks that the table is complete
+transformers and returns what moved. The project's tests run it, and also check that the table is complete
 (every private name of TRL's trainers that the library touches, and every batch key it reads, is listed).
 
 The library supports a window of TRL releases (``trl>=1.14.2,<1.17`` in ``setup.cfg``, [`TRL_WINDOW`]), and the table
 is written for each of them: an entry that a release of the window has otherwise, or lacks, says for which releases it
 holds (`releases`: the asynchronous trainer's names from TRL 1.16, [`ASYNC_TRL`]), and the check compares the installed
-TRL with the entries of its own release. Before widening the window to a new release: install it, run
-``python -m pytest tests/test_trl_surface.py``, and go through what it lists (``docs/design.md``, "Bumping TRL").
+TRL with the entries of its own release. Before widening the window to a new release: install it, run the project's
+tests of this table (or [`check_private_surface`] alone), and go through what they list (docs: *Design of the RPG loss
+in rpg_trl*, "Bumping TRL").
 
 Why private overrides rather than public hooks: TRL 1.16 has no public hook for the loss (`_compute_loss` is what
 `compute_loss` delegates to, and what TRL's own experimental trainers override), for the generated batch

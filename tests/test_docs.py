@@ -1,5 +1,7 @@
-"""The README, docs/ and research/docs/ point at things that exist: test names, files and links (they are renamed often)."""
+"""The README, docs/ and research/docs/ point at things that exist: test names, files and links (they are renamed often);
+the library's docstrings and messages point at what a wheel user can reach."""
 
+import ast
 import os
 import re
 import shutil
@@ -147,3 +149,95 @@ def test_each_gpu_step_time_figure_carries_its_conditions(page):
     assert len(build_char_tokenizer()) == 28  # bench-speed's model reads the toy character tokenizer
     gpu_run = (ROOT / "research" / "gpu" / "gpu_run.sh").read_text()
     assert "--vocab-size 151936" in gpu_run  # the second run's vocabulary
+
+
+#: What a user of the wheel reads from the library (docstrings, messages, option help and `#:` attribute docs) may
+#: not send them to the repository, which they do not have: no path of it and no command of the research package.
+#: Every file beside the package is left out of the wheel, so there is no exception: `accelerate_configs/` and
+#: `recipes/` ship with the sdist only, and no `.md` file is shipped (the README is the package's description, not a
+#: file). `rpg_trl/testing/` (the project's own test support, which names the tests it serves) is not scanned.
+REPOSITORY_PATH = re.compile(
+    r"docs/\w+\.md|\b\w+\.md\b|research/|tests/\w+|\.ci/|examples/\w+\.py|accelerate_configs/|recipes/"
+)
+RESEARCH_COMMAND = re.compile(r"rpg-trl (?:bench|demo)")
+#: How the library cites a page of docs/: ``docs: *<the page's title>*``, optionally followed by ``, "<a section>"``.
+DOC_CITATION = re.compile(r'docs: \*([^*]+)\*(?:, "([^"]+)")?')
+
+
+def _library_texts():
+    """(file, text) of every string literal and docstring of the library outside rpg_trl/testing/ (found with `ast`;
+    the constant parts of f-strings included), and of every run of `#:` comment lines (attribute docs, which render
+    in the API docs as docstrings do and which `ast` does not see). Whitespace is folded, so that a citation wrapped
+    across lines reads as one."""
+    texts = []
+    for path in sorted((ROOT / "rpg_trl").rglob("*.py")):
+        relative = path.relative_to(ROOT)
+        if relative.parts[1] == "testing":
+            continue
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                texts.append((f"{relative}:{node.lineno}", " ".join(node.value.split())))
+        run, start = [], None
+        for number, line in enumerate([*source.splitlines(), ""], start=1):
+            if line.strip().startswith("#:"):
+                run.append(line.strip()[2:])
+                start = start or number
+            elif run:
+                texts.append((f"{relative}:{start}", " ".join(" ".join(run).split())))
+                run, start = [], None
+    return texts
+
+
+def _doc_pages():
+    """Title (the first heading) and headings of each page of docs/, outside code blocks."""
+    pages = {}
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        headings, fenced = [], False
+        for line in page.read_text().splitlines():
+            if line.startswith("```"):
+                fenced = not fenced
+            elif not fenced and re.match(r"#+ ", line):
+                headings.append(line.lstrip("#").strip())
+        pages[page.name] = headings
+    return pages
+
+
+def test_the_library_cites_no_repository_path_or_research_command():
+    """Docstrings, messages and option help send a wheel user to what they can reach: the paper by section, and the
+    pages of the docs by title (see `DOC_CITATION`), never to a file of the repository (`docs/design.md`, a test
+    under tests/, research/docs/, an example script) or a research command (`rpg-trl bench-algos`). A test may be
+    named by its function name, which names no path. Comments (`#` lines) are for developers reading the source and
+    may keep paths."""
+    texts = _library_texts()
+    assert len(texts) > 1000  # the scan sees the library (about 3000 texts; a wrong root would pass vacuously)
+    found = [
+        f"{where}: {match.group(0)!r} in {text[max(0, match.start() - 60) : match.end() + 60]!r}"
+        for where, text in texts
+        for pattern in (REPOSITORY_PATH, RESEARCH_COMMAND)
+        for match in pattern.finditer(text)
+    ]
+    assert not found, "the library cites the repository:\n" + "\n".join(found)
+
+
+def test_every_page_and_section_the_library_cites_exists_in_docs():
+    """Each ``docs: *Title*`` of the library is the first heading of a page of docs/ (or the part of it before a
+    colon, "Running at scale" for "Running at scale: vLLM server, asynchronous rollouts, LoRA"), and each section
+    cited after it begins a heading of that page: a renamed page or section fails here, not in a reader's search."""
+    pages = _doc_pages()
+    titles = {}
+    for name, headings in pages.items():
+        titles[headings[0]] = name
+        titles[headings[0].split(": ")[0]] = name
+    cited, missing = set(), []
+    for where, text in _library_texts():
+        for title, section in DOC_CITATION.findall(text):
+            if title not in titles:
+                missing.append(f"{where}: no page of docs/ is titled {title!r}")
+                continue
+            cited.add(titles[title])
+            if section and not any(h.startswith(section) for h in pages[titles[title]]):
+                missing.append(f"{where}: {titles[title]} ({title!r}) has no section {section!r}")
+    assert not missing, "\n".join(missing)
+    # The library cites the design notes and the guarantees at least (a citation form the regex misses would pass).
+    assert {"design.md", "guarantees.md"} <= cited, cited

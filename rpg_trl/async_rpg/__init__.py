@@ -1,7 +1,7 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """RPG on TRL's asynchronous trainer (`trl.experimental.async_grpo`): [`AsyncRPGConfig`], [`AsyncRPGTrainer`].
-Guide: `docs/async.md`. To run them on a CPU without a vLLM server: [`rpg_trl.testing.cpu_rollouts`] (the library's
-testing package).
+Guide: docs: *RPG with asynchronous rollouts*. To run them on a CPU without a vLLM server:
+[`rpg_trl.testing.cpu_rollouts`] (the library's testing package).
 
 Importing this package imports `trl.experimental`, which warns that its API may change; `import rpg_trl` does not
 (its `AsyncRPGConfig` and `AsyncRPGTrainer` attributes load this package on first use).

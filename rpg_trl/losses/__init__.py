@@ -32,13 +32,13 @@ Two estimators give this gradient (they coincide when unclipped, Proposition 4.1
 
 RPG-Style Clip (Sec. 3.3 and 4.1, Algorithms 1 and 2) is a dual clip. The reward term has a gradient for ``A > 0``
 while ``w ≤ 1 + ε_high``, and for ``A < 0`` while ``1 − ε_low ≤ w ≤ c``. Per token, inside the trust region
-``[1 − ε_low, 1 + ε_high]`` the KL weight is the exact ``K``; outside it, it is the weight ``K̃`` of the chosen entry of
-[`KL_CLIP_MODES`] (``kl_clip_mode``; the paper's text, pseudo-code and code disagree here, docs/design.md):
-``"exact"`` ``K(w, r)`` (the authors' code, TRL, slime), ``"truncated"`` ``min(1, c/w)·K(w, r)`` (the exact sign,
-bounded in w; fkl's ``K = −r`` as is), ``"clipped"`` ``K(w̄, r)`` at ``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` and ``log w̄`` (Algorithm 1
-literally, Remark F.2; with a reference that is not the sampling policy it can push π_θ away from π_ref, and warns),
-``"stopped"`` 0 where the reward term is clipped (Algorithm 2). With the clip on, the per-token gradient weight of BOTH
-estimators is
+``[1 − ε_low, 1 + ε_high]`` the KL weight is the exact ``K``; outside it, it is the weight ``K̃`` of the chosen entry
+of [`KL_CLIP_MODES`] (``kl_clip_mode``; the paper's text, pseudo-code and code disagree here, docs: *Design of the RPG
+loss in rpg_trl*, "The KL term outside the trust region"): ``"exact"`` ``K(w, r)`` (the authors' code, TRL, slime),
+``"truncated"`` ``min(1, c/w)·K(w, r)`` (the exact sign, bounded in w; fkl's ``K = −r`` as is), ``"clipped"``
+``K(w̄, r)`` at ``w̄ = clip(w, 1 − ε_low, 1 + ε_high)`` and ``log w̄`` (Algorithm 1 literally, Remark F.2; with a
+reference that is not the sampling policy it can push π_θ away from π_ref, and warns), ``"stopped"`` 0 where the reward
+term is clipped (Algorithm 2). With the clip on, the per-token gradient weight of BOTH estimators is
 
     ``W = [w·A if the reward term is active else 0] − β·K̃``,
 
@@ -46,12 +46,12 @@ so the two estimators give the same gradient for every token, clipped or not. Th
 keeps the importance-weighted estimate ``β·S(w)``; its gradient is ``β·K̃`` (a straight-through form). ``clip=False``
 keeps the exact ``W`` everywhere. Log-ratios are clamped at ±[`LOG_RATIO_CLAMP`] in value only
 ([`clamp_log_ratio`]), so the clamp never takes the gradient off a token. The design is written out in
-``docs/design.md``.
+docs: *Design of the RPG loss in rpg_trl*.
 
 Everything that defines the loss is one frozen [`RPGLossSpec`] (the trainers build it once from their configuration),
 and ``kl_level="sequence"`` replaces the per-token KL weights of the table by the exact weights of the divergence between
 whole completions, with prefix ratios, computed in log space at any length (``KLTerm.sequence_value`` /
-[`sequence_kl_weight`]; ``docs/design.md``).
+[`sequence_kl_weight`]; docs: *Design of the RPG loss in rpg_trl*, "Two KL levels").
 
 The package, one concern a module: ``ratios`` (w, r, the prefixes, the clip regions), ``kl`` (the KL table, both KL
 levels, every ``kl_clip_mode``), ``surrogate`` (the reward term, the two estimators, the aggregation and the metrics)
@@ -283,8 +283,9 @@ def rpg_loss(
     (Table 2, Appendix F, Eq. 4.1). ``clip=True`` applies RPG-Style Clip (Sec. 3.3, Algorithms 1 and 2): the reward
     term gets no gradient for ``A > 0, w > 1 + ε_high`` nor for ``A < 0`` with ``w < 1 − ε_low`` or ``w > c``, and the
     KL term's weight outside the trust region is ``kl_clip_mode``'s ``K̃`` ([`KL_CLIP_MODES`]), so that both
-    estimators give ``W = [w·A if active] − β·K̃`` on every token. ``kl_level="sequence"`` replaces the
-    KL part by the exact gradient of the divergence between whole completions (``docs/design.md``).
+    estimators give ``W = [w·A if active] − β·K̃`` on every token. ``kl_level="sequence"`` replaces the KL part by the
+    exact gradient of the divergence between whole completions (docs: *Design of the RPG loss in rpg_trl*, "Two KL
+    levels").
 
     Args:
         logps (`torch.Tensor` of shape `(B, T)`): ``log π_θ`` of the completion tokens, differentiable.
@@ -302,14 +303,16 @@ def rpg_loss(
             ratios; Proposition 4.1 holds for token-level weights only),
             ``kl_importance_weight`` (``True``; ``False`` is GRPO's *uncorrected* k3 penalty without the importance
             weight, the biased baseline of the KL-weighting ablation, Sec. 2.2, only with ``divergence="urkl"``: its
-            value estimates the reverse KL but its expected gradient is that of the forward KL(π_ref‖π_θ),
-            research/docs/bench_optimum.md) and ``kl_level`` (``"token"``: each token's KL term weighted by its own ratio, the
-            paper's code and every peer; ``"sequence"``: the exact gradient of the KL between whole completions,
-            exact under ``aggregation="seq-mean-token-sum"``), ``kl_clip_mode`` (``DEFAULT_KL_CLIP_MODE``; how the
-            clip weights the KL term outside the trust region: ``"exact"``, ``"truncated"``, ``"clipped"`` or
-            ``"stopped"``, [`KL_CLIP_MODES`]) and ``kl_to_go`` (``"log_ratio"``; ``"k3"`` with ``kl_level="sequence"``
-            and ``divergence`` ``"rkl"`` or ``"urkl"``: the later tokens' ``log ρ`` in each token's KL-to-go replaced
-            by ``k3(ρ) = log ρ + 1/ρ − 1``, the same expectation with less noise, [`KL_TO_GO`]).
+            value estimates the reverse KL but its expected gradient is that of the forward KL(π_ref‖π_θ), and a
+            trainer with it ends on the forward-KL optimum in the project's CPU benchmark of the optima; docs: *Design
+            of the RPG loss in rpg_trl*, "The regularised gradient") and ``kl_level`` (``"token"``: each token's KL
+            term weighted by its own ratio, the paper's code and every peer; ``"sequence"``: the exact gradient of the
+            KL between whole completions, exact under ``aggregation="seq-mean-token-sum"``), ``kl_clip_mode``
+            (``DEFAULT_KL_CLIP_MODE``; how the clip weights the KL term outside the trust region: ``"exact"``,
+            ``"truncated"``, ``"clipped"`` or ``"stopped"``, [`KL_CLIP_MODES`]) and ``kl_to_go`` (``"log_ratio"``;
+            ``"k3"`` with ``kl_level="sequence"`` and ``divergence`` ``"rkl"`` or ``"urkl"``: the later tokens'
+            ``log ρ`` in each token's KL-to-go replaced by ``k3(ρ) = log ρ + 1/ρ − 1``, the same expectation with less
+            noise, [`KL_TO_GO`]).
         ref_logps (`torch.Tensor` of shape `(B, T)`, *optional*): ``log π_ref`` of the KL anchor. ``None`` anchors
             the KL to the sampling policy (``π_ref = π_old``, the paper's runs), which needs no reference model.
         num_items (`float` or `torch.Tensor`, *optional*): token-mean normaliser to use instead of ``mask.sum()``.

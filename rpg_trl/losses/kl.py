@@ -1,8 +1,9 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""The KL term of the RPG loss: the table of divergences (their importance-weighted estimates ``S`` and gradient weights
-``K``, Tables 1, 2 and 4, Propositions 3.2, 3.6, E.1, E.3 and F.1-F.5), at both KL levels (per token, and over whole
-completions in log space), and every reading of RPG-Style Clip's effect on the KL term outside the trust region
-([`KL_CLIP_MODES`], ``kl_clip_mode``; docs/design.md). Pure tensor functions: ``(ratios, spec, regions) -> weights``."""
+"""The KL term of the RPG loss: the table of divergences (their importance-weighted estimates ``S`` and gradient
+weights ``K``, Tables 1, 2 and 4, Propositions 3.2, 3.6, E.1, E.3 and F.1-F.5), at both KL levels (per token, and over
+whole completions in log space), and every reading of RPG-Style Clip's effect on the KL term outside the trust region
+([`KL_CLIP_MODES`], ``kl_clip_mode``; docs: *Design of the RPG loss in rpg_trl*, "The KL term outside the trust
+region"). Pure tensor functions: ``(ratios, spec, regions) -> weights``."""
 
 from __future__ import annotations
 
@@ -57,7 +58,7 @@ class KLTerm:
     importance_weighted: bool = True
     #: True when ``sequence_weight`` holds the score term ``W≤t`` (the normalised rows' difference from the
     #: unnormalised ones, zero in expectation): it is dropped when the prefix ratios are clipped, since
-    #: ``E_old[W̄≤t·∇log π_θ] ≠ 0`` once ``W̄≤t ≠ W≤t`` (docs/design.md).
+    #: ``E_old[W̄≤t·∇log π_θ] ≠ 0`` once ``W̄≤t ≠ W≤t`` (docs: *Design of the RPG loss in rpg_trl*, "Two KL levels").
     sequence_score_term: bool = False
     #: Which importance weights ``K`` grows with, i.e. what ``kl_clip_mode="truncated"`` bounds: ``"none"`` (``K``
     #: does not grow with w: fkl's ``−r``, left exact), ``"own"`` (the token's ``w``, and at the sequence level its own
@@ -92,7 +93,7 @@ class KLTerm:
 #: (``kl_to_go``): ``"log_ratio"``, the sampled log-ratios of the later tokens as they are; ``"k3"``, each later
 #: token's ``log ρ_t'`` replaced by ``k3(ρ_t') = log ρ_t' + 1/ρ_t' − 1``, which has the same expectation given the
 #: tokens before it, so the gradient stays unbiased and the later tokens' noise falls from first to second order in
-#: ``log ρ`` (docs/design.md, "The KL-to-go at length").
+#: ``log ρ`` (docs: *Design of the RPG loss in rpg_trl*, "The KL-to-go at length").
 KL_TO_GO = ("log_ratio", "k3")
 
 
@@ -205,7 +206,8 @@ DIVERGENCES = tuple(name for name, term in KL_TERMS.items() if term.importance_w
 
 
 #: Where the KL's importance weights are taken: per token (the paper's code and every peer) or over the whole
-#: completion up to each token (the exact gradient of the divergence between whole completions; docs/design.md).
+#: completion up to each token (the exact gradient of the divergence between whole completions; docs: *Design of the
+#: RPG loss in rpg_trl*, "Two KL levels").
 KL_LEVELS = ("token", "sequence")
 
 
@@ -228,7 +230,10 @@ CONTROLLED_KL = {
 }
 
 
-#: The default of `kl_clip_mode` (a key of [`KL_CLIP_MODES`]), chosen on the KL table of research/docs/bench_algos.md.
+#: The default of `kl_clip_mode` (a key of [`KL_CLIP_MODES`]), chosen on the KL table of the project's CPU benchmark (a
+#: toy task with a reference model: `"exact"` and `"truncated"` collapsed on no run, and `"truncated"` had the higher
+#: mean true reward, within the arms' intervals; docs: *Design of the RPG loss in rpg_trl*, "The KL term outside the
+#: trust region").
 DEFAULT_KL_CLIP_MODE = "truncated"
 
 
@@ -364,8 +369,8 @@ def sequence_kl_weight(
 
 
 def _exact_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
-    """``K_t`` of the whole-completion divergence at the exact prefix ratios (docs/design.md, sequence table), in log
-    space ([`sequence_kl_weight`])."""
+    """``K_t`` of the whole-completion divergence at the exact prefix ratios (the sequence table of docs: *Design of
+    the RPG loss in rpg_trl*, "Two KL levels"), in log space ([`sequence_kl_weight`])."""
     return sequence_kl_weight(term, ratios.prefixes, kl_to_go=spec.kl_to_go)
 
 
@@ -375,7 +380,7 @@ def _truncated_sequence_weight(term, ratios, spec, regions) -> torch.Tensor:
     the sum of its ``|log ρ|`` to go (urkl; with ``kl_to_go="k3"``, ``c·(|log ρ_t| + Σ_{t'>t} k3(ρ_t'))``), and equals the exact weight wherever none of the prefix ratios it weighs
     exceeds ``c``. Computed in log space, so this holds at any completion length (the factor divides each part before
     it is exponentiated). (Truncating each prefix on its own, ``Σ_{t'≥t} min(W≤t', c)·log ρ_t'``, can flip the sign
-    of the sum; docs/design.md.)"""
+    of the sum; docs: *Design of the RPG loss in rpg_trl*, "The KL term outside the trust region".)"""
     prefixes = ratios.prefixes
     return sequence_kl_weight(term, prefixes, sequence_log_truncation(term, prefixes, spec), spec.kl_to_go)
 
@@ -418,13 +423,14 @@ def _clipped_flips(kl_level: str, divergence: str, separate_reference: bool) -> 
 class KLClipMode:
     """One reading of what RPG-Style Clip does to the KL term outside the trust region (``kl_clip_mode``).
 
-    The paper's text, pseudo-code and code disagree here (docs/design.md, "The KL term outside the trust region"). At
-    the token level, inside the trust region every mode gives the exact weight ``K``. At the sequence level a token's
-    ``K_t`` weighs prefix ratios ``W≤t'`` that can lie outside the trust region (and beyond ``c``) while its own ``w_t``
-    is inside: ``"exact"`` is exact everywhere, ``"truncated"`` wherever no prefix ratio that ``K_t`` weighs exceeds
-    ``c``, ``"stopped"`` wherever the reward term is not clipped, ``"clipped"`` only where every prefix ratio it weighs
-    and ``w_t`` lie in the trust region. ``token_weight`` and ``sequence_weight`` take ``(term, ratios, spec,
-    regions)`` and return the detached KL weight per token, (B, T), at ``kl_level="token"`` and ``"sequence"``.
+    The paper's text, pseudo-code and code disagree here (docs: *Design of the RPG loss in rpg_trl*, "The KL term
+    outside the trust region"). At the token level, inside the trust region every mode gives the exact weight ``K``. At
+    the sequence level a token's ``K_t`` weighs prefix ratios ``W≤t'`` that can lie outside the trust region (and
+    beyond ``c``) while its own ``w_t`` is inside: ``"exact"`` is exact everywhere, ``"truncated"`` wherever no prefix
+    ratio that ``K_t`` weighs exceeds ``c``, ``"stopped"`` wherever the reward term is not clipped, ``"clipped"`` only
+    where every prefix ratio it weighs and ``w_t`` lie in the trust region. ``token_weight`` and ``sequence_weight``
+    take ``(term, ratios, spec, regions)`` and return the detached KL weight per token, (B, T), at ``kl_level="token"``
+    and ``"sequence"``.
     """
 
     reading: str  #: what the mode does, in one line
@@ -478,10 +484,11 @@ def kl_weights(ratios: RatioTensors, spec: RPGLossSpec, regions: ClipRegions) ->
     """The KL part ``K`` of the gradient weight ``W = w·A − β·K`` per token, (B, T), detached.
 
     Token level: ``K(w, r)`` of the module table. Sequence level: the exact weight of the whole-completion divergence,
-    ``K_t`` of the sequence table in ``docs/design.md`` (``−R≤t``, ``W≤t − R≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t' + W≤t``,
-    ``Σ_{t'≥t} W≤t'·log ρ_t'``). With the clip on, outside the trust region, the weight is the one of
-    ``spec.kl_clip_mode`` ([`KL_CLIP_MODES`]); `regions` are the reward term's clip regions (the ``"stopped"`` mode
-    removes the KL gradient there). GRPO's uncorrected k3: ``1 − π_ref/π_θ``, unclipped.
+    ``K_t`` of the sequence table in docs: *Design of the RPG loss in rpg_trl*, "Two KL levels" (``−R≤t``,
+    ``W≤t − R≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t' + W≤t``, ``Σ_{t'≥t} W≤t'·log ρ_t'``). With the clip on, outside the trust
+    region, the weight is the one of ``spec.kl_clip_mode`` ([`KL_CLIP_MODES`]); `regions` are the reward term's clip
+    regions (the ``"stopped"`` mode removes the KL gradient there). GRPO's uncorrected k3: ``1 − π_ref/π_θ``,
+    unclipped.
     """
     term = spec.kl_term
     with torch.no_grad():

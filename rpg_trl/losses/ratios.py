@@ -126,7 +126,8 @@ def importance_ratios(
     (GSPO-style) in the reward term; the KL term keeps the token ratios (``kl_log_w``, ``token_w``, ``token_r``), so
     that each token's KL weight is the KL table's at its own ratios (or prefixes, ``kl_level="sequence"``), not at the
     sequence's ratio; under ``kl_clip_mode="stopped"`` the clip regions that remove it are the reward term's, which the
-    sequence's ratio decides (docs/trl_options.md). Proposition 4.1 holds for token-level weights only.
+    sequence's ratio decides (docs: *Every `GRPOConfig` option under `RPGTrainer`*, "Taken with RPG's meaning").
+    Proposition 4.1 holds for token-level weights only.
     """
     dtype = torch.promote_types(logps.dtype, torch.float32)
     # Python zeros in `where` (wrapped scalars, no fill kernel on the device).

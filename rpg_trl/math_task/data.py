@@ -65,7 +65,7 @@ PROMPT_TEMPLATE = (
 #: the file `dapo-math-17k-eng.parquet` that their `recipe/rpg/prepare_rpg_data_eng.sh` downloads. verl schema:
 #: `data_source`, `prompt` (one user message already carrying the paper's prompt), `ability`, `reward_model` (the
 #: answer under `ground_truth`) and `extra_info` (`index`, `raw_problem`, `split`); split "train". Default of
-#: [`load_dapo_math_17k`] and of `examples/rpg_math.py`.
+#: [`load_dapo_math_17k`] and of the project's math example (`rpg_math.py`).
 DAPO_MATH_17K_ENG_ID = "math-dataset/DAPO-17k-Eng"
 #: The full DAPO-Math-17k release (English and Chinese problems), verl schema, split "train". It repeats each of its
 #: ~17k problems about 100 times (~1.79M rows; BytedTsinghua-SIA/DAPO issue #36), hence `deduplicate=True` in

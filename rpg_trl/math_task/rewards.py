@@ -14,9 +14,10 @@ TRL's `reward_weights=[2.0, 1.0]` for `[accuracy_reward, overlong punishment]` t
 advantage, reward - group mean) the advantages are exactly the authors'; divided by the group std (the GRPO and DAPO
 baselines) they agree up to the std's epsilon. With the 1/0 reward unweighted, the accuracy part of every advantage is
 exactly half the authors' (a - mean(a) = (s - mean(s)) / 2), so the KL coefficient β and the overlong penalty would
-weigh twice as much against it. The recipes in `recipes/` set these weights; the per-function metric
-`rewards/accuracy_reward/mean` stays the accuracy (TRL logs each function's reward before weighting). An unscorable
-reference answer (accuracy `None`) counts as incorrect, as the authors' exact-match score does.
+weigh twice as much against it. The project's training recipes (the YAML configurations of the paper's runs) set
+these weights; the per-function metric `rewards/accuracy_reward/mean` stays the accuracy (TRL logs each function's
+reward before weighting). An unscorable reference answer (accuracy `None`) counts as incorrect, as the authors'
+exact-match score does.
 
 Every function follows TRL's reward-function convention, so it can be passed directly as ``reward_funcs`` to
 [`~trl.GRPOTrainer`] or [`rpg_trl.RPGTrainer`]:
@@ -536,9 +537,9 @@ def accuracy_reward(completions: list, solution: list, **kwargs) -> list[float |
     [`WORKER_TIMEOUT_SECONDS`] plus the start of a new worker. Measured on answers that never finished off the main
     thread before (``\boxed{9^{9^{9^{9}}}}``, ``9^{9^{9}}``, ``10^{10^{8}}``, ``((99!)!)!``, a 450-digit power, an
     integral): 5.01-5.44 s each in the main thread and 5.01-5.46 s through `asyncio.to_thread` (math-verify's
-    5 s limit ends each inside the worker; 2-core AMD EPYC, 2026-11-28, the command in docs/guarantees.md, "How bad
+    5 s limit ends each inside the worker; 2-core AMD EPYC, 2026-11-28, the command in docs: *Guarantees*, "How bad
     rewards are handled"); a worker killed at its deadline is replaced in 0.5-0.9 s
-    (`tests/test_reward_limits.py::test_a_worker_past_its_deadline_is_killed_and_replaced`). [`MAX_COMPLETION_CHARS`]
+    (`test_a_worker_past_its_deadline_is_killed_and_replaced`). [`MAX_COMPLETION_CHARS`]
     and [`MAX_ANSWER_CHARS`] bound the input size.
 
     Args:

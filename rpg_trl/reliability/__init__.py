@@ -2,8 +2,8 @@
 """Reliability of a GRPOTrainer run, as a mixin: bad rewards, exact resume, over-long prompts, malformed datasets.
 
 [`ReliabilityMixin`] goes before `GRPOTrainer` (or a subclass) in a class line; [`~rpg_trl.RPGTrainer`] and the
-baseline trainers of `examples/rpg_math.py` use it, so that RPG and its baselines differ in the loss only. What each
-part guarantees, and the test that proves it, is listed in `docs/guarantees.md`.
+baseline trainers of the project's math example (`rpg_math.py`) use it, so that RPG and its baselines differ in the
+loss only. What each part guarantees, and the test that proves it, is listed in docs: *Guarantees*.
 
 * [`reward_guard`]: non-finite rewards count as `None` (with a warning); a failing reward function is named with the
   sample it fails on.

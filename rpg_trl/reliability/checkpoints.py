@@ -44,7 +44,7 @@ stops a run names the newest complete checkpoint as the resume would take it ([`
 
 A full disk during a save stops the run with a [`DiskFullError`] naming the checkpoint folder and the file being
 written; that folder stays marked incomplete, and the previous checkpoint complete. What these guarantee, and the
-tests that prove it, is listed in `docs/guarantees.md`.
+tests that prove it, is listed in docs: *Guarantees*, "What survives a crash".
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ logger = logging.get_logger(__name__)
 #: without `"model"` is not held against the resuming model.
 COMMIT_RECORD = "rpg_checkpoint.json"
 #: The `hashlib` algorithm of the digests in a commit record (sha256: the fastest of `hashlib`'s on CPUs with SHA
-#: instructions, x86 since 2017 and ARMv8; docs/guarantees.md gives the measured cost).
+#: instructions, x86 since 2017 and ARMv8; docs: *Guarantees*, "What survives a crash", gives the measured cost).
 DIGEST_ALGORITHM = "sha256"
 _DIGEST_CHUNK = 4 * 2**20
 #: Written by `transformers` after the weights, optimizer, scheduler and RNG state (the last file of a save).

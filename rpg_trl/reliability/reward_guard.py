@@ -1,16 +1,15 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """The reward guard: bad reward values and failing reward functions, named at the sample where they happen.
 
-TRL's convention is kept: a reward function returns one value per completion, and `None` means "this function does
-not score this sample"; TRL then leaves the function out of that sample's weighted sum (`nansum`), and a completion
-that no function scores gets advantage 0. [`RewardGuard`] extends the convention to every non-finite value: `NaN`,
-`±inf` and numbers that overflow float32 are turned into `None`, with a warning naming the function (rate-limited: at
-the 1st, 10th, 100th, ... batch where that function does it). An infinite reward would otherwise make its group's
-mean infinite and every advantage of the group `NaN`. A reward function that raises is re-raised as a
-[`RewardFunctionError`] naming the function and the first sample (index in the process's batch, prompt and
-completion) on which it fails when called alone; a value that is not a number (a string, a list) and a wrong number of
-values are errors that name the function and the sample too. Tested in `tests/test_reliability.py` and
-`tests/test_guarantees.py`.
+TRL's convention is kept: a reward function returns one value per completion, and `None` means "this function does not
+score this sample"; TRL then leaves the function out of that sample's weighted sum (`nansum`), and a completion that no
+function scores gets advantage 0. [`RewardGuard`] extends the convention to every non-finite value: `NaN`, `±inf` and
+numbers that overflow float32 are turned into `None`, with a warning naming the function (rate-limited: at the 1st,
+10th, 100th, ... batch where that function does it). An infinite reward would otherwise make its group's mean infinite
+and every advantage of the group `NaN`. A reward function that raises is re-raised as a [`RewardFunctionError`] naming
+the function and the first sample (index in the process's batch, prompt and completion) on which it fails when called
+alone; a value that is not a number (a string, a list) and a wrong number of values are errors that name the function
+and the sample too. Each of these is tested (docs: *Guarantees*, "How bad rewards are handled", lists the tests).
 
 With a limit (`RPGConfig.reward_timeout`, seconds; `None`, the default, sets none), a call of a reward function that
 does not return within it ends the run with a [`RewardTimeoutError`] naming the function and the first sample that,
@@ -19,7 +18,8 @@ synchronous function then runs in a daemon thread while the caller waits at most
 killed, so the stuck call goes on running in that thread, its result and its `log_extra`/`log_metric` calls ignored,
 until it returns or the process exits (a daemon thread does not hold the exit back). An async function is cancelled
 with `asyncio.wait_for` (at its next `await`; one that blocks its event loop without awaiting is not bounded). Tested
-in `tests/test_reward_limits.py`.
+with a slow sample, a batch slow as a whole, an async function and through `RPGTrainer.train()` (docs: *Guarantees*,
+"How bad rewards are handled").
 """
 
 from __future__ import annotations

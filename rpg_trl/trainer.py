@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import textwrap
+from collections import namedtuple
 
 import torch
 from trl import GRPOTrainer
@@ -24,6 +25,36 @@ from .losses import (
 from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
 from .reliability.kl_drift import KLDriftMonitorMixin
+
+
+#: The rows of [`~rpg_trl.losses.sequence_sums`] as the trainer calls it (one `extra` row: the entropy), each a sum
+#: per completion; then the totals reduced over the processes: those rows summed, the whole-completion KL estimates'
+#: sum and the number of completions with a token. Each name is its metric's numerator.
+_SEQUENCE_ROWS = (*SEQUENCE_SUM_ROWS, "entropy", "reward_weight/abs_sum", "kl_weight/abs_sum", "num_tokens")
+_REDUCED_TOTALS = (*TOKEN_MEAN_METRICS, *_SEQUENCE_ROWS[len(SEQUENCE_SUM_ROWS) :], "kl/sequence", "num_sequences")
+assert len(TOKEN_MEAN_METRICS) == len(SEQUENCE_SUM_ROWS)  # the token means' numerators, row for row
+
+#: What the metrics need of each completion (gathered over the processes): its fractions of low- and high-clipped
+#: tokens, its number of tokens and its whole-completion log importance weight log W.
+_Completion = namedtuple("_Completion", "low_clipped high_clipped num_tokens log_weight")
+#: What they need of each process: its largest and smallest importance weight over its tokens, and their number.
+_ProcessExtremes = namedtuple("_ProcessExtremes", "largest smallest num_tokens")
+
+
+def _to_host(**tensors: torch.Tensor) -> dict[str, list[float]]:
+    """The values of several device tensors on the host in one copy (one wait), each flattened, by name."""
+    flat = [tensor.reshape(-1) for tensor in tensors.values()]
+    values = torch.cat(flat).tolist()
+    host, start = {}, 0
+    for name, tensor in zip(tensors, flat, strict=True):
+        host[name], start = values[start : start + tensor.numel()], start + tensor.numel()
+    return host
+
+
+def _records(record, values: list[float]) -> list:
+    """`values` (rows of a gathered (N, len(record._fields)) tensor, flattened) as N records."""
+    width = len(record._fields)
+    return [record(*values[i : i + width]) for i in range(0, len(values), width)]
 
 
 class RPGTrainer(
@@ -276,17 +307,17 @@ class RPGTrainer(
         # host, where the rest is a few float operations: on a GPU each tensor op of the metrics is a kernel launched
         # alone (the loss's metrics were most of its time), and every `.item()` a wait.
         per_sequence, weight_extremes = sequence_sums(stats, fmask, extra=(entropies,))
-        totals = per_sequence.sum(-1)
-        lengths = per_sequence[-1]
-        has_sequence = lengths > 0
-        sequence_kl = (stats["sequence_kl"] * has_sequence).sum()
-        reduced = self.accelerator.reduce(
-            torch.cat([totals, torch.stack([sequence_kl, has_sequence.sum()]).to(totals.dtype)]), reduction="sum"
+        rows = dict(zip(_SEQUENCE_ROWS, per_sequence.unbind(), strict=True))
+        has_sequence = rows["num_tokens"] > 0
+        totals = torch.cat(
+            [
+                per_sequence.sum(-1),
+                torch.stack([(stats["sequence_kl"] * has_sequence).sum(), has_sequence.sum().to(per_sequence.dtype)]),
+            ]
         )
-        names = (*TOKEN_MEAN_METRICS, "entropy", "reward_weight/abs_sum", "kl_weight/abs_sum", "num_tokens")
-        names += ("kl/sequence", "num_sequences")
-        reduced_totals = dict(zip(names, reduced.unbind(), strict=True))
+        reduced = self.accelerator.reduce(totals, reduction="sum")
         if mode == "train":
+            reduced_totals = dict(zip(_REDUCED_TOTALS, reduced.unbind(), strict=True))
             if self.ref_sync_callback is not None:
                 self.ref_sync_callback.observe_kl(reduced_totals["kl"], reduced_totals["num_tokens"])
             if self.kl_control_callback is not None:
@@ -294,18 +325,20 @@ class RPGTrainer(
                 self.kl_control_callback.observe_kl(
                     reduced_totals[controlled.metric], reduced_totals[controlled.count]
                 )
-        low, high = SEQUENCE_SUM_ROWS.index("is_low_clipped"), SEQUENCE_SUM_ROWS.index("is_high_clipped")
-        assert high == low + 1, SEQUENCE_SUM_ROWS
         # The two clip fractions in one division on the device: GRPOTrainer's float32 values (NaN for a completion
         # without tokens).
-        fractions = per_sequence[low : high + 1] / lengths
-        log_weights = stats["log_prefix_weight"].to(totals.dtype)
-        completions = self.accelerator.gather(torch.stack([*fractions, lengths, log_weights], -1))
-        extremes = self.accelerator.gather(torch.cat([weight_extremes, totals[-1:]]).reshape(1, 3))
-        values = torch.cat([reduced, completions.flatten(), extremes.flatten()]).tolist()
-        host_sums = dict(zip(names, values[: len(names)], strict=True))
-        completions = [values[i : i + 4] for i in range(len(names), len(names) + completions.numel(), 4)]
-        extremes = values[len(names) + 4 * len(completions) :]
+        fractions = torch.stack([rows["is_low_clipped"], rows["is_high_clipped"]]) / rows["num_tokens"]
+        log_weights = stats["log_prefix_weight"].to(per_sequence.dtype)
+        columns = torch.stack([*fractions, rows["num_tokens"], log_weights], -1)  # one _Completion per row
+        extremes = torch.cat([weight_extremes, totals[_REDUCED_TOTALS.index("num_tokens")].reshape(1)])
+        host = _to_host(
+            totals=reduced,
+            completions=self.accelerator.gather(columns),
+            processes=self.accelerator.gather(extremes.reshape(1, len(_ProcessExtremes._fields))),
+        )
+        host_sums = dict(zip(_REDUCED_TOTALS, host["totals"], strict=True))
+        completions = _records(_Completion, host["completions"])
+        processes = _records(_ProcessExtremes, host["processes"])
 
         token_count = max(host_sums["num_tokens"], 1.0)
         metrics = {key: host_sums[key] / token_count for key in (*TOKEN_MEAN_METRICS, "entropy")}
@@ -313,18 +346,22 @@ class RPGTrainer(
         # Per-sequence extremes, as GRPOTrainer logs them: the smallest sequence fraction of low-clipped tokens and
         # the largest of high-clipped tokens over the batch (NaN-free over empty sequences); the importance weight's
         # largest and smallest over the processes (NaN from a process without tokens left out).
-        active = [row for row in completions if row[2] > 0]
-        metrics["clip_ratio/low_min"] = min((row[0] for row in active), default=math.nan)
-        metrics["clip_ratio/high_max"] = max((row[1] for row in active), default=math.nan)
-        processes = [extremes[i : i + 3] for i in range(0, len(extremes), 3) if extremes[i + 2] > 0]  # with tokens
+        active = [row for row in completions if row.num_tokens > 0]
+        metrics["clip_ratio/low_min"] = min((row.low_clipped for row in active), default=math.nan)
+        metrics["clip_ratio/high_max"] = max((row.high_clipped for row in active), default=math.nan)
+        processes = [row for row in processes if row.num_tokens > 0]  # with tokens
         # NaN-free as TRL's nanmax/nanmin
-        metrics["importance_weight/max"] = max((row[0] for row in processes if row[0] == row[0]), default=math.nan)
-        metrics["importance_weight/min"] = min((row[1] for row in processes if row[1] == row[1]), default=math.nan)
+        metrics["importance_weight/max"] = max(
+            (row.largest for row in processes if row.largest == row.largest), default=math.nan
+        )
+        metrics["importance_weight/min"] = min(
+            (row.smallest for row in processes if row.smallest == row.smallest), default=math.nan
+        )
         # The diagnostics over the optimizer step (every micro-batch's completions and sums; each micro-batch's in
         # evaluation), from the completions' log W.
         pending = mode == "train" and self._diagnostic_window is not None
         window_log_weights, sums = self._diagnostic_window if pending else ([], (0.0, 0.0, 0.0))
-        window_log_weights = window_log_weights + [row[3] for row in active]
+        window_log_weights = window_log_weights + [row.log_weight for row in active]
         keys = ("reward_weight/abs_sum", "kl_weight/abs_sum", "num_tokens")
         sums = tuple(total + host_sums[key] for total, key in zip(sums, keys, strict=True))
         flush = mode != "train" or self.accelerator.sync_gradients

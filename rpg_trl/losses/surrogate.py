@@ -228,20 +228,31 @@ def sequence_sums(
     """Per completion, the sums over its active tokens (weighted by `mask`) of the stats of [`SEQUENCE_SUM_ROWS`], of
     each (B, T) tensor of `extra`, of ``|reward_gradient_weight|`` and ``|kl_gradient_weight|``, and of the mask (the
     count): a (len(SEQUENCE_SUM_ROWS) + len(extra) + 3, B) tensor; and the importance weight's largest and smallest
-    over the active tokens, (2,), 0 and inf when no token is active (the count tells). Detached, on the device, in one
-    reduction: a micro-batch's metrics in a few kernels, not one or more per metric (on a GPU they are launch-bound).
-    Every tensor is (B, T)."""
+    over the active tokens, (2,), 0 and inf when no token is active (the count tells). Detached, on the device, one
+    small tensor for one reduction across processes: a micro-batch's metrics in a few kernels, not one or more per
+    metric (on a GPU they are launch-bound). Every tensor is (B, T), `mask` the 0/1 mask the stats were computed with.
+
+    Each row is summed on its own, never stacked at (rows, B, T): the stats that are 0 on inactive tokens (the KL
+    estimate ``S``, which every row of the KL table makes 0 at ``w = r = 1``, the clip regions and the reward part of
+    the weight) are summed as they are, the regions as counts, and ``is_clipped`` is the sum of the three regions'
+    counts, which are disjoint (``A < 0`` with ``w < 1 − ε_low`` or ``w > c > 1``, or ``A > 0``); only the importance
+    weight (1 there), the KL weight and `extra` are masked. The stacked copy and its masked copy were most of the
+    loss's time on a CPU."""
     with torch.no_grad():
         w = stats["importance_weight"]
-        mask = mask.to(w.dtype)
-        rows = [stats[key] for key in SEQUENCE_SUM_ROWS] + [x.detach() for x in extra]
-        rows += [stats["reward_gradient_weight"].abs(), stats["kl_gradient_weight"].abs(), torch.ones_like(mask)]
-        masked = torch.stack(rows) * mask  # bool rows promoted to w's dtype
+        dtype = w.dtype
+        mask = mask.to(dtype)
+        counts = [stats[key].sum(-1).to(dtype) for key in ("is_low_clipped", "is_high_clipped", "is_dual_clipped")]
+        weighted = w * mask
+        rows = [stats["kl"].sum(-1), *counts, counts[0] + counts[1] + counts[2], weighted.sum(-1)]
+        rows += [(x.detach() * mask).sum(-1) for x in extra]
+        rows += [stats["reward_gradient_weight"].abs().sum(-1), (stats["kl_gradient_weight"].abs() * mask).sum(-1)]
+        rows.append(mask.sum(-1))
         # Extremes without boolean indexing (which copies and synchronises); the largest: w > 0 on active tokens and
         # w·mask = 0 elsewhere.
-        largest = masked[SEQUENCE_SUM_ROWS.index("importance_weight")].amax()
+        largest = weighted.amax()
         smallest = torch.where(mask > 0, w, math.inf).amin()
-        return masked.sum(-1), torch.stack([largest, smallest])
+        return torch.stack(rows), torch.stack([largest, smallest])
 
 
 def summarize_stats(

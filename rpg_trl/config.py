@@ -1,15 +1,22 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
 """Configuration of the [`RPGTrainer`].
 
-RPG's fields are declared once, in dataclass mixins that other configurations share:
+RPG's fields are declared once, in dataclass mixins that other configurations share, each beside what it configures:
 
-* [`RPGLossArguments`]: the loss (divergence, estimator, RPG-Style Clip, KL anchor, β); also used by the asynchronous
-  trainer's configuration.
-* [`DynamicSamplingArguments`]: DAPO dynamic sampling; also used by the baselines of the project's math example
-  (`rpg_math.py`).
-* [`RPGConfig`] = both + TRL's [`~trl.GRPOConfig`] + the aggregation and the reference sync.
+* [`RPGLossArguments`] (here): the loss (divergence, estimator, RPG-Style Clip, KL anchor, β); also used by the
+  asynchronous trainer's configuration.
+* [`KLControlArguments`] (here): the adaptive KL coefficient ([`rpg_trl.kl_control`]); the asynchronous trainer's
+  configuration has its fields too, and refuses them.
+* [`~rpg_trl.dynamic_sampling.DynamicSamplingArguments`]: DAPO dynamic sampling; also used by the REINFORCE++
+  baseline and the baselines of the project's math example (`rpg_math.py`). Importable from here too.
+* [`~rpg_trl.reliability.config.ReliabilityArguments`]: the reliability checks that both RPG trainers honour
+  (importance-weight and KL-drift warnings, process-failure and vLLM request time-outs).
+* [`RPGConfig`] = all four + TRL's [`~trl.GRPOConfig`] + the aggregation, the reference sync and the reward time-out;
+  its docstring groups every RPG field under a heading, as TRL's groups its own.
 
-Each mixin checks its own fields in a named method that the configuration's `__post_init__` calls.
+Each mixin checks its own fields in a named method that the configuration's `__post_init__` calls; `RPGConfig` also
+refuses values of TRL's own fields that TRL accepts when the configuration and the trainer are built but that fail, or
+silently misbehave, later in training (`RPGConfig._check_trl_values`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from dataclasses import dataclass, field
 from trl import GRPOConfig
 
 from . import kl_control
+from .dynamic_sampling import DynamicSamplingArguments
 from .losses import (
     AGGREGATIONS,
     DEFAULT_KL_CLIP_MODE,
@@ -32,10 +40,8 @@ from .losses import (
     KL_TO_GO,
     RPGLossSpec,
 )
-from .reliability import importance_weights, kl_drift, process_failure, reward_guard, vllm_server
-from .reliability.kl_drift import KL_FLOOR
-from .reliability.process_failure import MAIN_EXIT_TIMEOUT
-from .reliability.vllm_server import REQUEST_TIMEOUT
+from .reliability import reward_guard
+from .reliability.config import ReliabilityArguments
 
 
 KL_ANCHORS = ("sampling", "reference")
@@ -188,43 +194,6 @@ class RPGLossArguments:
         },
     )
 
-    # Reliability (`rpg_trl.reliability`, docs/guarantees.md).
-    importance_weight_warning_threshold: float | None = field(
-        default=100.0,
-        metadata={
-            "help": "Warn (at most once every 100 optimizer steps) when the largest importance weight π_θ/π_old of a "
-            "logging interval exceeds this value: the policy has diverged from the policy that sampled the batch. "
-            "Default 100 (log-ratio ≈ 4.6, far beyond the clip bounds 1 + epsilon_high and clip_c = 10). None: never "
-            "warn."
-        },
-    )
-    kl_drift_warning: bool = field(
-        default=True,
-        metadata={
-            "help": "With a reference model (kl_anchor='reference', beta > 0), warn once (KLDriftWarning) when the KL to "
-            "it stops holding the policy: the KL at least doubling twice in a row, or weights beyond 10 × clip_c twice "
-            "while it doubles (rpg_trl.reliability.kl_drift). A reference sync starts the watch again. False: never "
-            "warn."
-        },
-    )
-    kl_drift_min_kl: float = field(
-        default=KL_FLOOR,
-        metadata={
-            "help": "The KL-drift warning's floor: no warning while the KL to the reference (mean per token over a "
-            f"period) is below this value, whatever its growth. Default {KL_FLOOR}."
-        },
-    )
-    main_process_exit_timeout: float = field(
-        default=MAIN_EXIT_TIMEOUT,
-        metadata={
-            "help": "Multi-process runs: seconds that the other processes, once the main process has reported a failure "
-            "(e.g. of the vLLM server), wait for it to end before they end themselves; the launcher then ends the "
-            "main process, cutting short its cleanup (`finally` blocks, trackers, `atexit` handlers) and possibly "
-            f"its traceback. Default {MAIN_EXIT_TIMEOUT:g} (rpg_trl.reliability.process_failure); raise it when the "
-            "main process needs longer to clean up (e.g. a tracker that uploads on exit)."
-        },
-    )
-
     #: How the loss specification's fields are spelled in the configuration, for error messages.
     _LOSS_SPEC_NAMES = {"clip": "rpg_clip", "epsilon_low": "epsilon"}
 
@@ -254,16 +223,13 @@ class RPGLossArguments:
         return RPGLossSpec.from_kwargs(names=names, **self._loss_spec_fields())
 
     def check_rpg_loss_arguments(self) -> None:
-        """Validate the loss fields (`ValueError` naming the field, the allowed values and the fix): the loss's own in
-        [`RPGLossSpec`], the reliability settings in the modules that use them."""
+        """Validate the loss fields (`ValueError` naming the field, the allowed values and the fix), in
+        [`RPGLossSpec`]."""
         if self.epsilon_high is None:
             self.epsilon_high = self.epsilon
         self.rpg_loss_spec()
         if self.kl_anchor is not None and self.kl_anchor not in KL_ANCHORS:
             raise ValueError(f"`kl_anchor` must be one of {list(KL_ANCHORS)} or None; got {self.kl_anchor!r}.")
-        importance_weights.check_warning_threshold(self.importance_weight_warning_threshold)
-        kl_drift.check_settings(self.kl_drift_warning, self.kl_drift_min_kl)
-        process_failure.check_exit_timeout(self.main_process_exit_timeout)
 
     def check_kl_anchor(self, *, reference_requested: bool = False, reason: str = "") -> None:
         """Resolve `kl_anchor=None` (the default) and check the anchor against β.
@@ -342,57 +308,7 @@ class KLControlArguments:
 
 
 @dataclass
-class DynamicSamplingArguments:
-    """DAPO dynamic sampling (Yu et al., 2025; the paper's runs, Sec. 5), `rpg_trl.dynamic_sampling`. Shared by
-    [`RPGConfig`] and the baseline configurations of the project's math example (`rpg_math.py`)."""
-
-    dynamic_sampling: bool = field(
-        default=False,
-        metadata={
-            "help": "DAPO dynamic sampling: drop the groups whose rewards are all equal (accuracy all 0 or all 1: zero "
-            "advantage) and generate completions for new training prompts until every generation batch is full of "
-            "groups with signal, for at most `dynamic_sampling_max_rounds` generation rounds. Default False (TRL's "
-            "sampling); the paper's runs use it. Requires per_device_train_batch_size * steps_per_generation to be a "
-            "multiple of num_generations and a map-style training dataset."
-        },
-    )
-    dynamic_sampling_max_rounds: int = field(
-        default=20,
-        metadata={
-            "help": "Most generation rounds (the first included) per generation batch with `dynamic_sampling`; if the "
-            "batch is still short after the last round it is filled with zero-variance groups (advantage 0) and "
-            "`dynamic_sampling/filled_fraction` says how many. Default 20 (the paper's setup)."
-        },
-    )
-    dynamic_sampling_metric: str | None = field(
-        default=None,
-        metadata={
-            "help": "Name of the reward function whose per-group variance decides which groups are kept (e.g. "
-            "'accuracy_reward', DAPO's and the paper's filter on accuracy, so that an overlong penalty alone does not "
-            "keep a group). None (default): the weighted sum of all rewards (TRL's `reward`)."
-        },
-    )
-
-    def check_dynamic_sampling_arguments(self) -> None:
-        """Validate the dynamic-sampling fields against the batch geometry of the TRL config they are mixed into."""
-        max_rounds = self.dynamic_sampling_max_rounds
-        if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
-            raise ValueError(
-                f"`dynamic_sampling_max_rounds` must be an integer >= 1 (generation rounds per batch, the first "
-                f"included; the paper uses 20); got {max_rounds!r}."
-            )
-        local_generation_batch = self.per_device_train_batch_size * self.steps_per_generation
-        if self.dynamic_sampling and local_generation_batch % self.num_generations != 0:
-            raise ValueError(
-                f"`dynamic_sampling` keeps or drops whole groups on the process that generated them, so each process's "
-                f"generation batch (per_device_train_batch_size * steps_per_generation = {local_generation_batch}) "
-                f"must be a multiple of num_generations ({self.num_generations}). Change per_device_train_batch_size "
-                "or steps_per_generation (or generation_batch_size)."
-            )
-
-
-@dataclass
-class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, GRPOConfig):
+class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, ReliabilityArguments, GRPOConfig):
     r"""
     Configuration class for the [`RPGTrainer`].
 
@@ -403,6 +319,8 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
     KL anchored to the sampling policy (no reference model in memory).
 
     Parameters:
+        > Parameters that control the loss
+
         divergence (`str`, *optional*, defaults to `"urkl"`):
             KL regulariser: `"fkl"` KL(π_ref‖π_θ), `"ufkl"` its unnormalised form, `"rkl"` KL(π_θ‖π_ref), `"urkl"` its
             unnormalised form (the k3 family).
@@ -412,11 +330,10 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             Apply RPG-Style Clip (dual clip with `epsilon`, `epsilon_high` and `clip_c`, Sec. 3.3).
         clip_c (`float`, *optional*, defaults to `10.0`):
             Dual-clip bound c > 1 for negative advantages.
-        kl_anchor (`str` or `None`, *optional*, defaults to `None`):
-            `"sampling"`: the KL is anchored to the policy that sampled the batch (π_ref = π_old, the paper's runs; no
-            reference model is loaded). `"reference"`: the KL is anchored to a reference model (TRL's `ref_model`, or
-            the base model / "ref" adapter with PEFT). `None`: `"reference"` when `sync_ref_model` or
-            `ref_model_sync_kl_threshold` asks for a reference, else `"sampling"`.
+        epsilon_high (`float` or `None`, *optional*, defaults to `0.28`):
+            Upper clip ε_2 of RPG-Style Clip: the reward term of positive-advantage tokens stops at
+            w = 1 + `epsilon_high` (paper, Appendix H; also DAPO; TRL's default is `None`, i.e. `epsilon`). The lower
+            clip is TRL's `epsilon` (default `0.2`).
         kl_importance_weight (`bool`, *optional*, defaults to `True`):
             `False` switches to GRPO's uncorrected k3 penalty (no importance weight), the biased baseline of the paper's
             KL-weighting ablation (Sec. 2.2). Requires `divergence="urkl"`.
@@ -451,12 +368,45 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             (`dapo`/`bnpo` → token-mean over the generation batch / the micro-batch, `grpo` → seq-mean-token-mean,
             `dr_grpo` → seq-mean-token-sum-norm, `luspo` → seq-mean-token-sum). `cispo`, `sapo` and `vespo` are other
             surrogate losses, which RPG replaces: they are refused.
+        scale_rewards (`str`, *optional*, defaults to `"none"`):
+            Reward scaling of the advantage: `"none"` gives advantage = reward − group mean, without division by the
+            std (the paper's baseline, Sec. 5; TRL's default is `"group"`); `"group"` and `"batch"` divide by the
+            group or batch std as in GRPO.
+
+        > Parameters that control the KL coefficient
+
+        beta (`float`, *optional*, defaults to `1e-4`):
+            KL coefficient β (paper, Appendix H; TRL's default is `0.0`). With `kl_anchor="sampling"` no reference
+            model is loaded whatever its value; `beta=0` gives plain (clipped) importance-weighted REINFORCE. With
+            `kl_target`, the initial value of the adaptive β.
+        kl_target (`float` or `None`, *optional*, defaults to `None`):
+            δ: an adaptive β (Ziegler et al., 2019; [`~rpg_trl.kl_control.AdaptiveKLCallback`]) that holds RPG's
+            importance-weighted KL estimate (`kl`, or `kl/sequence` with `kl_level="sequence"`) near δ, starting from
+            `beta`. `None`: a fixed β.
+        kl_horizon (`float` or `None`, *optional*, defaults to `None`):
+            H, in samples: β ← β·(1 + clip(KL/δ − 1, −0.2, 0.2)·n/H) after each optimizer step of n samples. `None`
+            gives 10000 with `kl_target`.
+        kl_beta_min (`float` or `None`, *optional*, defaults to `None`):
+            Floor (> 0) of the adaptive β. Only with `kl_target`; `None`: no floor.
+        kl_beta_max (`float` or `None`, *optional*, defaults to `None`):
+            Ceiling of the adaptive β. Only with `kl_target`; `None`: no ceiling.
+
+        > Parameters that control the reference model
+
+        kl_anchor (`str` or `None`, *optional*, defaults to `None`):
+            `"sampling"`: the KL is anchored to the policy that sampled the batch (π_ref = π_old, the paper's runs; no
+            reference model is loaded). `"reference"`: the KL is anchored to a reference model (TRL's `ref_model`, or
+            the base model / "ref" adapter with PEFT). `None`: `"reference"` when `sync_ref_model` or
+            `ref_model_sync_kl_threshold` asks for a reference, else `"sampling"`.
         ref_model_sync_kl_threshold (`float` or `None`, *optional*, defaults to `None`):
             κ: with `kl_anchor="reference"`, sync π_ref ← π_θ when the moving average of the token KL to the reference
             exceeds κ ([`~rpg_trl.ref_sync.RefModelSyncCallback`]); combines with TRL's `sync_ref_model`,
             `ref_model_sync_steps` and `ref_model_mixup_alpha`.
         ref_model_sync_kl_ema (`float`, *optional*, defaults to `0.9`):
             Weight γ of the previous value in that moving average.
+
+        > Parameters that control dynamic sampling
+
         dynamic_sampling (`bool`, *optional*, defaults to `False`):
             DAPO dynamic sampling: replace groups whose rewards are all equal by newly generated groups
             ([`rpg_trl.dynamic_sampling`]).
@@ -464,6 +414,9 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             Most generation rounds per generation batch with `dynamic_sampling`.
         dynamic_sampling_metric (`str` or `None`, *optional*, defaults to `None`):
             Reward function whose per-group variance decides which groups are kept (`None`: the total reward).
+
+        > Parameters that control reliability
+
         importance_weight_warning_threshold (`float` or `None`, *optional*, defaults to `100.0`):
             Warn when the largest importance weight π_θ/π_old of a logging interval exceeds it.
         kl_drift_warning (`bool`, *optional*, defaults to `True`):
@@ -486,17 +439,9 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             it cannot score within the limit alone ([`~rpg_trl.reliability.reward_guard`]). With a limit, synchronous
             reward functions run in a helper thread (math-verify's signal-based limits then fail in them;
             `rpg_trl.math_task.accuracy_reward` works in any thread). `None`: no limit.
-        kl_target (`float` or `None`, *optional*, defaults to `None`):
-            δ: an adaptive β (Ziegler et al., 2019; [`~rpg_trl.kl_control.AdaptiveKLCallback`]) that holds RPG's
-            importance-weighted KL estimate (`kl`, or `kl/sequence` with `kl_level="sequence"`) near δ, starting from
-            `beta`. `None`: a fixed β.
-        kl_horizon (`float` or `None`, *optional*, defaults to `None`):
-            H, in samples: β ← β·(1 + clip(KL/δ − 1, −0.2, 0.2)·n/H) after each optimizer step of n samples. `None`
-            gives 10000 with `kl_target`.
-        kl_beta_min, kl_beta_max (`float` or `None`, *optional*, default to `None`):
-            Floor and ceiling of the adaptive β.
     """
 
+    # The loss: its aggregation and the advantage (the other loss fields are `RPGLossArguments`').
     aggregation: str | None = field(
         default=None,
         metadata={
@@ -516,7 +461,8 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
         },
     )
 
-    # Iterative reference updates with a separate reference (paper Sec. 5, `rpg_trl.ref_sync.RefModelSyncCallback`).
+    # The reference model: iterative reference updates with a separate reference (paper Sec. 5,
+    # `rpg_trl.ref_sync.RefModelSyncCallback`).
     ref_model_sync_kl_threshold: float | None = field(
         default=None,
         metadata={
@@ -536,21 +482,8 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
         },
     )
 
-    # vLLM server mode (`rpg_trl.reliability.vllm_server`).
-    vllm_request_timeout: float | None = field(
-        default=REQUEST_TIMEOUT,
-        metadata={
-            "help": "vLLM server mode: seconds that one request to the server (a generation batch, a weight sync, a "
-            "prefix-cache reset) may take before the run stops on every process with a VLLMServerError naming the "
-            "server's URL, the request and this option (TRL's requests have no timeout: a server that accepts a "
-            "request and never answers would stall every process until the collective timeout, `ddp_timeout`, 30 min "
-            f"by default). Default {REQUEST_TIMEOUT:g}: a generation batch of a few hundred prompts × thousands of "
-            "tokens takes minutes on a loaded server, and 10 min leaves it a wide margin while a hang is still named "
-            "well before `ddp_timeout`; raise it for longer batches. None: no bound. Not TRL's `vllm_server_timeout`, "
-            "which bounds the wait for the server at start-up."
-        },
-    )
-    # Reward functions (`rpg_trl.reliability.reward_guard`).
+    # Reliability: the reward functions' time limit (`rpg_trl.reliability.reward_guard`). Not in ReliabilityArguments,
+    # which the asynchronous trainer's config shares: its rewards are scored by TRL's rollout worker, without the guard.
     reward_timeout: float | None = field(
         default=None,
         metadata={
@@ -566,7 +499,7 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
 
     def __post_init__(self):
         super().__post_init__()
-        vllm_server.check_request_timeout(self.vllm_request_timeout)
+        self.check_reliability_arguments()
         reward_guard.check_reward_timeout(self.reward_timeout)
         self._check_trl_values()
         self._check_loss_type()
@@ -626,6 +559,8 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             )
         if not 0.0 <= self.ref_model_sync_kl_ema < 1.0:
             raise ValueError(f"`ref_model_sync_kl_ema` must be in [0, 1); got {self.ref_model_sync_kl_ema}.")
+        # TRL's fields, kept: TRL accepts 0 steps and fails at the first step (ZeroDivisionError in its callback), and
+        # an alpha outside (0, 1] silently never syncs (0) or extrapolates past the policy (> 1).
         if self.ref_model_sync_steps < 1:
             raise ValueError(
                 f"`ref_model_sync_steps` must be >= 1 (the sync interval in optimizer steps); got "
@@ -689,44 +624,56 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
     def _check_trl_values(self) -> None:
         """Values that TRL accepts and that fail, or give NaN, later in training (each refused at construction with a
         message that names the field: `test_invalid_config_is_rejected_at_construction_naming_the_field`)."""
+        # Each check is kept because TRL 1.16 refuses none of these values when `GRPOConfig` and `GRPOTrainer` are
+        # built (tried on a tiny model); the comment on each says what TRL does with it instead.
+        # temperature 0 or < 0: the first generation fails in transformers' logits warper; inf trains on uniform noise.
         if not (isinstance(self.temperature, (int, float)) and 0.0 < self.temperature < math.inf):
             raise ValueError(
                 f"`temperature` must be a finite number > 0 (TRL divides the logits by it; use a small value such as "
                 f"0.1 for near-greedy sampling); got {self.temperature!r}."
             )
+        # num_iterations=0 trains silently without an optimizer pass; steps_per_generation=0 fails at the first step in
+        # torch's sampler ("batch_size=0"); max_completion_length=0 fails in transformers as `max_new_tokens`.
         for name in ("num_iterations", "steps_per_generation", "max_completion_length"):
             value = getattr(self, name)
             if name == "max_completion_length" and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"`{name}` must be an integer >= 1; got {value!r}.")
+        # A non-finite weight trains silently on NaN rewards (TRL checks only their number, in GRPOTrainer).
         if self.reward_weights is not None and not all(
             isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in self.reward_weights
         ):
             raise ValueError(
                 f"`reward_weights` must be finite numbers, one per reward function; got {self.reward_weights!r}."
             )
+        # An unknown scaling (RPG redeclares the field, with the paper's default) fails at the first generation batch.
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ValueError(
                 f"`scale_rewards` must be 'group', 'batch' or 'none' (the paper's: advantage = reward − group mean); "
                 f"got {self.scale_rewards!r}."
             )
+        # An unknown aggregation fails only at the first generation batch, after the model and the data are loaded.
         if self.multi_objective_aggregation not in ("sum_then_normalize", "normalize_then_sum"):
             raise ValueError(
                 "`multi_objective_aggregation` must be 'sum_then_normalize' or 'normalize_then_sum'; got "
                 f"{self.multi_objective_aggregation!r}."
             )
+        # Outside (0, 1] TRL trains silently (a quantile > 1 masks nothing, 0 keeps only the top-entropy token).
         if not (isinstance(self.top_entropy_quantile, (int, float)) and 0.0 < self.top_entropy_quantile <= 1.0):
             raise ValueError(
                 f"`top_entropy_quantile` must be in (0, 1] (the fraction of highest-entropy tokens that get a "
                 f"gradient; 1.0 keeps all); got {self.top_entropy_quantile!r}."
             )
+        # A non-finite coefficient is applied as is: the loss is infinite or NaN.
         if not (isinstance(self.entropy_coef, (int, float)) and math.isfinite(self.entropy_coef)):
             raise ValueError(f"`entropy_coef` must be a finite number; got {self.entropy_coef!r}.")
+        # A negative KL bound trains silently, dropping the negative-advantage sequences (KL 0 on policy exceeds it).
         delta_kl = self.off_policy_mask_threshold
         if delta_kl is not None and not (isinstance(delta_kl, (int, float)) and 0.0 <= delta_kl < math.inf):
             raise ValueError(
                 f"`off_policy_mask_threshold` (a KL bound) must be a finite number >= 0 or None; got {delta_kl!r}."
             )
+        # top_p=0 silently samples greedily (a group's completions alike: zero advantages); above 1 it is ignored.
         if not (isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0):
             raise ValueError(f"`top_p` must be in (0, 1] (1.0 disables nucleus sampling); got {self.top_p!r}.")

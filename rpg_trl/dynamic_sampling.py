@@ -35,7 +35,9 @@ How it fits TRL's [`~trl.GRPOTrainer`]:
 The functions below are pure (tensors and dicts in, tensors and dicts out) and are tested without a trainer;
 [`generate_with_dynamic_sampling`] runs the loop for a trainer, [`~rpg_trl.RPGTrainer`] calls it when
 `dynamic_sampling=True`, and [`DynamicSamplingMixin`] adds it to any other `GRPOTrainer` subclass (e.g. TRL's own GRPO
-and DAPO losses, for the baselines of the project's math example, `rpg_math.py`).
+and DAPO losses, for the baselines of the project's math example, `rpg_math.py`). [`DynamicSamplingArguments`] declares
+its configuration fields (`dynamic_sampling`, `dynamic_sampling_max_rounds`, `dynamic_sampling_metric`), mixed into
+each configuration that offers it.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import json
 import math
 import os
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -403,6 +406,58 @@ def generate_with_dynamic_sampling(
     return batch
 
 
+@dataclass
+class DynamicSamplingArguments:
+    """The configuration fields of DAPO dynamic sampling (Yu et al., 2025; the paper's runs, Sec. 5), as a mixin of a
+    `GRPOConfig` subclass. Shared by [`~rpg_trl.RPGConfig`], [`~rpg_trl.reinforce_plus_plus.ReinforcePlusPlusConfig`]
+    and the baseline configurations of the project's math example (`rpg_math.py`); [`~rpg_trl.RPGTrainer`] and
+    [`DynamicSamplingMixin`] read them."""
+
+    dynamic_sampling: bool = field(
+        default=False,
+        metadata={
+            "help": "DAPO dynamic sampling: drop the groups whose rewards are all equal (accuracy all 0 or all 1: zero "
+            "advantage) and generate completions for new training prompts until every generation batch is full of "
+            "groups with signal, for at most `dynamic_sampling_max_rounds` generation rounds. Default False (TRL's "
+            "sampling); the paper's runs use it. Requires per_device_train_batch_size * steps_per_generation to be a "
+            "multiple of num_generations and a map-style training dataset."
+        },
+    )
+    dynamic_sampling_max_rounds: int = field(
+        default=20,
+        metadata={
+            "help": "Most generation rounds (the first included) per generation batch with `dynamic_sampling`; if the "
+            "batch is still short after the last round it is filled with zero-variance groups (advantage 0) and "
+            "`dynamic_sampling/filled_fraction` says how many. Default 20 (the paper's setup)."
+        },
+    )
+    dynamic_sampling_metric: str | None = field(
+        default=None,
+        metadata={
+            "help": "Name of the reward function whose per-group variance decides which groups are kept (e.g. "
+            "'accuracy_reward', DAPO's and the paper's filter on accuracy, so that an overlong penalty alone does not "
+            "keep a group). None (default): the weighted sum of all rewards (TRL's `reward`)."
+        },
+    )
+
+    def check_dynamic_sampling_arguments(self) -> None:
+        """Validate the dynamic-sampling fields against the batch geometry of the TRL config they are mixed into."""
+        max_rounds = self.dynamic_sampling_max_rounds
+        if isinstance(max_rounds, bool) or not isinstance(max_rounds, int) or max_rounds < 1:
+            raise ValueError(
+                f"`dynamic_sampling_max_rounds` must be an integer >= 1 (generation rounds per batch, the first "
+                f"included; the paper uses 20); got {max_rounds!r}."
+            )
+        local_generation_batch = self.per_device_train_batch_size * self.steps_per_generation
+        if self.dynamic_sampling and local_generation_batch % self.num_generations != 0:
+            raise ValueError(
+                f"`dynamic_sampling` keeps or drops whole groups on the process that generated them, so each process's "
+                f"generation batch (per_device_train_batch_size * steps_per_generation = {local_generation_batch}) "
+                f"must be a multiple of num_generations ({self.num_generations}). Change per_device_train_batch_size "
+                "or steps_per_generation (or generation_batch_size)."
+            )
+
+
 #: File, inside a checkpoint folder, where [`DynamicSamplingMixin`] saves its [`PromptStream`]'s position.
 PROMPT_STREAM_FILE = "rpg_prompt_stream.json"
 
@@ -411,7 +466,7 @@ class DynamicSamplingMixin:
     """
     Adds DAPO dynamic sampling to a [`~trl.GRPOTrainer`] subclass, e.g. `class DAPOTrainer(DynamicSamplingMixin,
     GRPOTrainer)`. Its `args` must carry [`~rpg_trl.RPGConfig`]'s `dynamic_sampling`, `dynamic_sampling_max_rounds` and
-    `dynamic_sampling_metric` ([`~rpg_trl.config.DynamicSamplingArguments`]; a plain `GRPOConfig` has none of them:
+    `dynamic_sampling_metric` ([`DynamicSamplingArguments`]; a plain `GRPOConfig` has none of them:
     sampling is then TRL's).
 
     Its state is its own: `prompt_stream`, where the replacement prompts continue, is saved with the RNG state of each

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from .config import DynamicSamplingArguments
-from .dynamic_sampling import DynamicSamplingMixin, weighted_reward_sum
+from .dynamic_sampling import DynamicSamplingArguments, DynamicSamplingMixin, weighted_reward_sum
 from .reliability import ReliabilityMixin
 
 
@@ -166,7 +165,8 @@ class ReinforcePlusPlusConfig(DynamicSamplingArguments, GRPOConfig):
     `epsilon`, ...) and chooses the advantage of REINFORCE++ ([REINFORCE++: A Simple and Efficient Approach for Aligning
     Large Language Models](https://huggingface.co/papers/2501.03262), Hu 2025), one of the baselines of the RPG paper
     (Tables 5 and 6). `scale_rewards` is not used: the advantages are whitened over the batch instead. DAPO dynamic
-    sampling is available through [`~rpg_trl.config.DynamicSamplingArguments`]'s fields, as in [`~rpg_trl.RPGConfig`].
+    sampling is available through [`~rpg_trl.dynamic_sampling.DynamicSamplingArguments`]'s fields, as in
+    [`~rpg_trl.RPGConfig`].
 
     Parameters:
         advantage_estimator (`str`, *optional*, defaults to `"reinforce_plus_plus"`):

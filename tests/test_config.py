@@ -2,16 +2,24 @@
 values derived when the configuration is built, and one table of the invalid values and combinations that each refuses
 when it is built, with a message that names the field (docs/guarantees.md, "What is checked at configuration time")."""
 
+import math
 import re
 import warnings
 from unittest.mock import PropertyMock, patch
 
 import pytest
-from trl import GRPOConfig
+from transformers import HfArgumentParser
+from trl import GRPOConfig, GRPOTrainer
 
+import rpg_trl.config
+import rpg_trl.dynamic_sampling
 from rpg_trl import RPGConfig
-from rpg_trl.config import OnPolicyKLWarning, RPGLossArguments
+from rpg_trl.config import KLControlArguments, OnPolicyKLWarning, RPGLossArguments
+from rpg_trl.dynamic_sampling import DynamicSamplingArguments
 from rpg_trl.reinforce_plus_plus import ReinforcePlusPlusConfig
+from rpg_trl.reliability.config import ReliabilityArguments
+from rpg_trl.testing import build_char_tokenizer
+from rpg_trl.testing.runs import PROMPTS, count_sevens, tiny_run_args
 
 from helpers.trl_release import async_trl_missing, needs_async_trl
 
@@ -151,7 +159,8 @@ INVALID_CONFIGS = [
     (RPGConfig, dict(entropy_coef=float("inf")), "`entropy_coef` must be a finite number; got inf"),
     (RPGConfig, dict(off_policy_mask_threshold=-1.0), "`off_policy_mask_threshold` (a KL bound) must be"),
     (RPGConfig, dict(top_p=0.0), "`top_p` must be in (0, 1]"),
-    # the loss fields shared with the asynchronous trainer's configuration (RPGLossArguments)
+    # the loss and reliability fields shared with the asynchronous trainer's configuration (RPGLossArguments,
+    # ReliabilityArguments)
     (AsyncRPGConfig, dict(divergence="kl"), "`divergence` must be one of"),
     (AsyncRPGConfig, dict(estimator="ppo"), "`estimator` must be one of"),
     (AsyncRPGConfig, dict(clip_c=1.1), "`clip_c` (the dual-clip bound for negative advantages)"),
@@ -226,6 +235,7 @@ def test_paper_defaults():
 def test_async_config_has_rpg_loss_fields_with_paper_defaults():
     config = AsyncRPGConfig(**COMMON)
     assert set(RPGLossArguments.__dataclass_fields__) <= set(AsyncRPGConfig.__dataclass_fields__)
+    assert set(ReliabilityArguments.__dataclass_fields__) <= set(AsyncRPGConfig.__dataclass_fields__)
     assert (config.divergence, config.estimator, config.rpg_clip, config.clip_c) == ("urkl", "reinforce", True, 10.0)
     assert (config.beta, config.epsilon, config.epsilon_high) == (1e-4, 0.2, 0.28)
     assert config.kl_anchor == "sampling"  # None resolves to the sampling policy: no reference model
@@ -321,3 +331,170 @@ def test_algorithm_1_reading_with_a_reference_model_warns_at_construction():
         for mode in ("exact", "truncated", "stopped"):
             config = RPGConfig(**COMMON, kl_anchor="reference", beta=0.1, kl_clip_mode=mode)
             assert config.rpg_loss_spec().kl_clip_mode == mode
+
+
+# ============================================================================== how the configuration is laid out
+#: The headings of `RPGConfig`'s docstring, in order, as TRL's `GRPOConfig` heads its own ("> Parameters that control
+#: ..."), and the mixin whose fields each documents (None: fields of `RPGConfig` itself or TRL fields it redeclares).
+SECTIONS = {
+    "the loss": RPGLossArguments,
+    "the KL coefficient": KLControlArguments,
+    "the reference model": None,
+    "dynamic sampling": DynamicSamplingArguments,
+    "reliability": ReliabilityArguments,
+}
+
+
+def _documented_sections(doc: str) -> dict[str, list[str]]:
+    """Heading -> the parameter names documented under it, from a TRL-style docstring (`name (`type`, ...):` lines,
+    8 spaces in, under `> Parameters that control <heading>` lines)."""
+    sections, current = {}, None
+    for line in doc.split("Parameters:", 1)[1].splitlines():
+        heading = re.match(r" {8}> Parameters that control (.+)$", line)
+        entry = re.match(r" {8}(\w+) \(`", line)
+        if heading:
+            current = sections.setdefault(heading.group(1), [])
+        elif entry:
+            assert current is not None, f"{entry.group(1)} is documented before the first heading"
+            current.append(entry.group(1))
+    return sections
+
+
+def test_rpg_config_documents_each_of_its_fields_once_under_a_heading_as_trl_does():
+    """The docstring of `RPGConfig` groups its parameters under TRL's "> Parameters that control ..." headings, and
+    documents exactly the fields RPG adds or gives another default (derived here from the dataclass fields, not from
+    the docstring), each once, each mixin's fields under its own heading."""
+    sections = _documented_sections(RPGConfig.__doc__)
+    assert list(sections) == list(SECTIONS)
+    documented = [name for names in sections.values() for name in names]
+    assert len(documented) == len(set(documented)), "a field is documented twice"
+    trl = GRPOConfig.__dataclass_fields__
+    ours = RPGConfig.__dataclass_fields__
+    added = set(ours) - set(trl)
+    redeclared = {name for name in trl if ours[name].default != trl[name].default}
+    assert redeclared == {"beta", "epsilon_high", "scale_rewards"}  # the paper's defaults (Sec. 5, Appendix H)
+    assert set(documented) == added | redeclared
+    # Each mixin's fields under its heading, but the loss's KL anchor, which says whether there is a reference model.
+    assert "kl_anchor" in sections["the reference model"]
+    for heading, mixin in SECTIONS.items():
+        if mixin is not None:
+            assert set(mixin.__dataclass_fields__) - set(trl) - {"kl_anchor"} <= set(sections[heading]), heading
+    assert "reward_timeout" in sections["reliability"]  # RPGTrainer's alone (below), documented with the others
+
+
+@pytest.mark.parametrize(
+    "config_class",
+    [RPGConfig, pytest.param(AsyncRPGConfig, marks=needs_async_trl)],
+)
+def test_the_reliability_fields_are_one_arguments_class_that_both_rpg_configurations_share(config_class):
+    """The settings of `rpg_trl.reliability` that both RPG trainers honour are the fields of `ReliabilityArguments`,
+    no longer in the loss's mixin, with the same defaults in both configurations; the reward time-out is `RPGConfig`'s
+    alone (the asynchronous trainer scores rewards in TRL's rollout worker, without the reward guard)."""
+    reliability = ReliabilityArguments.__dataclass_fields__
+    assert set(reliability) == {
+        "importance_weight_warning_threshold",
+        "kl_drift_warning",
+        "kl_drift_min_kl",
+        "main_process_exit_timeout",
+        "vllm_request_timeout",
+    }
+    assert not set(reliability) & set(RPGLossArguments.__dataclass_fields__)
+    assert issubclass(config_class, ReliabilityArguments)
+    fields = config_class.__dataclass_fields__
+    assert {name: fields[name].default for name in reliability} == {
+        "importance_weight_warning_threshold": 100.0,
+        "kl_drift_warning": True,
+        "kl_drift_min_kl": 0.01,
+        "main_process_exit_timeout": 60.0,
+        "vllm_request_timeout": 600.0,
+    }
+    assert ("reward_timeout" in fields) is (config_class is RPGConfig)
+
+
+def test_each_arguments_class_lives_beside_what_it_configures_and_the_old_import_still_works():
+    """`DynamicSamplingArguments` is declared in `rpg_trl.dynamic_sampling` (REINFORCE++ takes it from there, not
+    from the RPG configuration), and `from rpg_trl.config import DynamicSamplingArguments` still gives that class."""
+    assert DynamicSamplingArguments.__module__ == "rpg_trl.dynamic_sampling"
+    assert rpg_trl.config.DynamicSamplingArguments is rpg_trl.dynamic_sampling.DynamicSamplingArguments
+    assert ReliabilityArguments.__module__ == "rpg_trl.reliability.config"
+    assert issubclass(ReinforcePlusPlusConfig, DynamicSamplingArguments)
+    assert issubclass(RPGConfig, DynamicSamplingArguments)
+
+
+@needs_async_trl
+def test_the_async_command_line_takes_the_kl_budget_flags_and_refuses_them_naming_them(tmp_path):
+    """`AsyncRPGConfig` keeps `KLControlArguments`' fields only to refuse them, so that its command line accepts the
+    same flags as `RPGConfig`'s: the parser takes each of them and the configuration refuses it, naming it, where an
+    unknown flag would stop the parser with a usage error (`SystemExit`) instead."""
+    parser = HfArgumentParser(AsyncRPGConfig)
+    argv = ["--output_dir", str(tmp_path), "--use_cpu", "--report_to", "none"]
+    (config,) = parser.parse_args_into_dataclasses(args=argv, look_for_args_file=False)
+    assert config.kl_target is None
+    for name in KLControlArguments.__dataclass_fields__:
+        with pytest.raises(ValueError, match=f"^`{name}`"):
+            parser.parse_args_into_dataclasses(args=argv + [f"--{name}", "0.1"], look_for_args_file=False)
+
+
+#: Values of TRL's own fields that `RPGConfig` refuses although RPG gives the field no new meaning (`_check_trl_values`
+#: and, for the reference sync, `_check_reference`): each is kept because TRL builds both its configuration and its
+#: trainer with it, and fails later, far from the input, or trains on silently.
+TRL_VALUES_RPG_REFUSES = {
+    "temperature": 0.0,
+    "num_iterations": 0,
+    "steps_per_generation": 0,
+    "max_completion_length": 0,
+    "reward_weights": [math.nan],
+    "scale_rewards": "max",
+    "multi_objective_aggregation": "max",
+    "top_entropy_quantile": 1.5,
+    "entropy_coef": math.inf,
+    "off_policy_mask_threshold": -1.0,
+    "top_p": 0.0,
+    "ref_model_sync_steps": 0,
+    "ref_model_mixup_alpha": 0.0,
+}
+
+
+def test_every_trl_field_rpg_refuses_a_value_of_is_a_loss_field_or_in_the_table_of_values_trl_takes():
+    """Each TRL field that a row of `INVALID_CONFIGS` refuses for `RPGConfig` is either one that RPG's loss or
+    reference reads with a meaning of its own, or in the table of values TRL takes (below): a new check of a TRL field
+    comes with its proof."""
+    trl = set(GRPOConfig.__dataclass_fields__)
+    refused = {_field(m) for cls, _, m in INVALID_CONFIGS if cls is RPGConfig} & trl
+    rpg_meaning = {
+        "beta",
+        "epsilon",
+        "epsilon_high",
+        "loss_type",
+        "importance_sampling_level",
+        "use_bias_correction_kl",
+        "delta",
+        "sync_ref_model",
+    }
+    assert refused == rpg_meaning | set(TRL_VALUES_RPG_REFUSES)
+
+
+@pytest.mark.parametrize("name", sorted(TRL_VALUES_RPG_REFUSES))
+def test_trl_builds_its_config_and_trainer_with_each_value_rpg_refuses_and_rpg_names_the_field(
+    tiny_model_dir, tmp_path, name
+):
+    """Why `RPGConfig` re-checks these TRL fields: `GRPOConfig` and `GRPOTrainer` (TRL 1.16) are both built with the
+    value, or fail naming something else (transformers' `max_new_tokens` for `max_completion_length=0`); `RPGConfig`
+    refuses it when built, naming the field. Should TRL come to refuse one itself, naming it, this fails and RPG's
+    check can go."""
+    value = TRL_VALUES_RPG_REFUSES[name]
+    overrides = dict(max_steps=1, num_generations=4, per_device_train_batch_size=4, max_completion_length=4)
+    if name.startswith("ref_model_"):
+        overrides.update(sync_ref_model=True, beta=0.04)  # the sync options act with a reference model only
+    overrides[name] = value
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        args = GRPOConfig(**tiny_run_args(tmp_path, **overrides))
+        try:
+            GRPOTrainer(
+                tiny_model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
+            )
+        except Exception as error:  # noqa: BLE001 - any failure is fine here, as long as it does not name the field
+            assert name not in str(error), f"TRL now refuses {name}={value!r} itself: {error}"
+        with pytest.raises(ValueError, match=f"`{name}`"):
+            RPGConfig(**tiny_run_args(tmp_path, **overrides))

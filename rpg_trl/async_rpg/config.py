@@ -8,11 +8,12 @@ from dataclasses import dataclass, field
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
 from ..config import KLControlArguments, RPGLossArguments
-from ..reliability.vllm_server import REQUEST_TIMEOUT, check_request_timeout
+from ..reliability.config import ReliabilityArguments
+from ..reliability.vllm_server import REQUEST_TIMEOUT
 
 
 @dataclass
-class AsyncRPGConfig(RPGLossArguments, KLControlArguments, AsyncGRPOConfig):
+class AsyncRPGConfig(RPGLossArguments, KLControlArguments, ReliabilityArguments, AsyncGRPOConfig):
     r"""
     Configuration class for the [`AsyncRPGTrainer`].
 
@@ -20,17 +21,20 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, AsyncGRPOConfig):
     `max_staleness`, `token_budget`, ...) plus RPG's loss fields, declared once in [`rpg_trl.config.RPGLossArguments`]
     and shared with [`RPGConfig`] (same names, defaults and checks): `divergence` (default `"urkl"`), `estimator`
     (`"reinforce"`), `rpg_clip` (`True`), `clip_c` (`10.0`), `kl_anchor` (`None` → `"sampling"`),
-    `kl_importance_weight` (`True`), `kl_level` (`"token"`, the only level here), `kl_to_go` (`"log_ratio"`, the only one at the token level), `beta` (`1e-4`), `epsilon_high`
-    (`0.28`), `importance_weight_warning_threshold` (`100`), `kl_drift_warning` (`True`), `kl_drift_min_kl`
-    (`0.01`) and `main_process_exit_timeout` (`60`, seconds); `epsilon` (`0.2`) is TRL's. Paper Sec. 3-5 and
-    Appendix H.
+    `kl_importance_weight` (`True`), `kl_level` (`"token"`, the only level here), `kl_to_go` (`"log_ratio"`, the only
+    one at the token level), `beta` (`1e-4`) and `epsilon_high` (`0.28`); `epsilon` (`0.2`) is TRL's. Paper Sec. 3-5
+    and Appendix H. The reliability fields are declared once in [`rpg_trl.reliability.config.ReliabilityArguments`] and
+    shared with [`RPGConfig`] too: `importance_weight_warning_threshold` (`100`), `kl_drift_warning` (`True`),
+    `kl_drift_min_kl` (`0.01`), `main_process_exit_timeout` (`60`, seconds) and `vllm_request_timeout` (below).
 
     In the asynchronous setting π_old, the policy that sampled a rollout, is the (stale) policy version whose
     log-probabilities the rollout sample carries, and the default KL anchor is that policy (`kl_anchor="sampling"`,
     π_ref = π_old, no reference model). `kl_anchor="reference"` (with `beta > 0`) anchors the KL to a frozen copy of the
     initial model instead (the base model with PEFT). The loss is a token mean over each micro-batch, AsyncGRPO's
     normaliser; there is no `aggregation` field and importance weights are per token. The adaptive KL coefficient
-    (`kl_target`) is refused: β is fixed here.
+    (`kl_target`) is refused: β is fixed here. Its four fields ([`rpg_trl.config.KLControlArguments`]) stay in this
+    configuration, so that the command line accepts them as for [`RPGConfig`] and a run that sets one is refused with a
+    message that names it, rather than by the argument parser.
 
     `vllm_request_timeout` (`float` or `None`, default `600.0`, as [`RPGConfig`]'s and checked by the same rule): seconds
     that one request to the vLLM server may take. Here it bounds each completion request of TRL's rollout worker
@@ -40,6 +44,8 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, AsyncGRPOConfig):
     first try ([`rpg_trl.async_rpg.rollouts`]). `None`: TRL's `request_timeout` and retries, unbounded in practice.
     """
 
+    # ReliabilityArguments' field, redeclared for its help: here it bounds the rollout worker's requests (same default,
+    # same check).
     vllm_request_timeout: float | None = field(
         default=REQUEST_TIMEOUT,
         metadata={
@@ -54,7 +60,7 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, AsyncGRPOConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_request_timeout(self.vllm_request_timeout)
+        self.check_reliability_arguments()
         self.check_rpg_loss_arguments()
         if self.rpg_loss_spec().kl_needs_completion_order:
             raise ValueError(

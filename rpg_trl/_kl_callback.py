@@ -14,15 +14,49 @@ class gives the callback:
 * [`observe_kl`], which the trainer calls with a micro-batch's KL summed over units and processes;
 * the exportable state ([`state`]: the rule's arguments and attributes, and the callback's own arguments) and
   [`stored_attributes`], which reads it back from a `TrainerState`.
+
+The two rules share the pieces of their state and of their arguments written here once: [`load_attributes`] (the
+rules' `load_attributes`) and [`check_beta_bounds`] (the adaptive coefficient's floor and ceiling, checked by the
+configuration and by the controller).
 """
 
 from __future__ import annotations
+
+import math
 
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 
-__all__ = ["KLFedCallback", "rule_attribute"]
+__all__ = ["KLFedCallback", "check_beta_bounds", "load_attributes", "rule_attribute"]
+
+
+def load_attributes(rule, attributes: dict, names: tuple[str, ...], kind: str) -> None:
+    """Restore an exported state of `rule` (`attributes`, read back from `trainer_state.json`): each key is one of the
+    rule's exported attributes `names`, set on the rule (a list is copied, so that the rule never shares it with the
+    caller). A key outside `names` raises a `ValueError` naming `kind` (e.g. ``"KL-controller"``): the state is not
+    this rule's, and nothing is set."""
+    unknown = set(attributes) - set(names)
+    if unknown:
+        raise ValueError(f"Unknown {kind} state {sorted(unknown)}; expected some of {list(names)}.")
+    for key, value in attributes.items():
+        setattr(rule, key, list(value) if isinstance(value, (list, tuple)) else value)
+
+
+def check_beta_bounds(
+    beta: float, beta_min: float | None, beta_max: float | None, names: tuple[str, str], role: str
+) -> None:
+    """Check the floor `beta_min` and the ceiling `beta_max` of an adaptive β (`None`: none) against each other and
+    against the initial `beta`. A `ValueError` names the two bounds as the caller spells them (`names`, e.g.
+    ``("kl_beta_min", "kl_beta_max")``) and says what `beta` is (`role`, e.g. ``"the initial β"``)."""
+    low = 0.0 if beta_min is None else beta_min
+    high = math.inf if beta_max is None else beta_max
+    if low > high:
+        raise ValueError(f"`{names[0]}` ({beta_min}) must be <= `{names[1]}` ({beta_max}).")
+    if not low <= beta <= high:
+        raise ValueError(
+            f"`beta` ({role}) must lie within [{names[0]}, {names[1]}] = [{low:g}, {high:g}]; got {beta:g}."
+        )
 
 
 def rule_attribute(name: str, doc: str) -> property:

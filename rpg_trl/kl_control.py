@@ -35,8 +35,8 @@ import numbers
 
 from transformers.utils import logging
 
-from ._kl_callback import KLFedCallback, rule_attribute
-from .losses import CONTROLLED_KL
+from ._kl_callback import KLFedCallback, check_beta_bounds, load_attributes, rule_attribute
+from .losses.kl import CONTROLLED_KL, ControlledKL
 
 
 __all__ = ["KL_ERROR_CLIP", "AdaptiveKLCallback", "AdaptiveKLController", "check_kl_control_arguments"]
@@ -91,15 +91,13 @@ def check_kl_control_arguments(
             "`kl_target` needs `beta > 0`: `beta` is the initial coefficient of the adaptive controller, which "
             "multiplies it and so cannot leave 0. Set `beta` to a starting value (the paper uses 1e-4)."
         )
-    low = 0.0 if kl_beta_min is None else kl_beta_min
-    high = math.inf if kl_beta_max is None else kl_beta_max
-    if low > high:
-        raise ValueError(f"`kl_beta_min` ({kl_beta_min}) must be <= `kl_beta_max` ({kl_beta_max}).")
-    if not low <= beta <= high:
-        raise ValueError(
-            f"`beta` (the initial coefficient of the adaptive controller) must lie within [kl_beta_min, "
-            f"kl_beta_max] = [{low:g}, {high:g}]; got {beta:g}."
-        )
+    check_beta_bounds(
+        beta,
+        kl_beta_min,
+        kl_beta_max,
+        ("kl_beta_min", "kl_beta_max"),
+        "the initial coefficient of the adaptive controller",
+    )
     if not horizon > KL_ERROR_CLIP * samples_per_step:
         raise ValueError(
             f"`kl_horizon` must exceed {KL_ERROR_CLIP} × the samples of an optimizer step ({samples_per_step} = "
@@ -139,14 +137,7 @@ class AdaptiveKLController:
         _positive("horizon", horizon)
         _positive("beta_min", beta_min, allow_none=True)
         _positive("beta_max", beta_max, allow_none=True)
-        low = 0.0 if beta_min is None else beta_min
-        high = math.inf if beta_max is None else beta_max
-        if low > high:
-            raise ValueError(f"`beta_min` ({beta_min}) must be <= `beta_max` ({beta_max}).")
-        if not low <= beta <= high:
-            raise ValueError(
-                f"`beta` (the initial β) must lie within [beta_min, beta_max] = [{low}, {high}]; got {beta}."
-            )
+        check_beta_bounds(beta, beta_min, beta_max, ("beta_min", "beta_max"), "the initial β")
         self.initial_beta = float(beta)
         self.target = float(target)
         self.horizon = float(horizon)
@@ -214,13 +205,7 @@ class AdaptiveKLController:
 
     def load_attributes(self, attributes: dict) -> None:
         """Restore an exported state; refuses unknown keys (a state that is not this controller's)."""
-        unknown = set(attributes) - set(STATE_ATTRIBUTES)
-        if unknown:
-            raise ValueError(
-                f"Unknown KL-controller state {sorted(unknown)}; expected some of {list(STATE_ATTRIBUTES)}."
-            )
-        for key, value in attributes.items():
-            setattr(self, key, value)
+        load_attributes(self, attributes, STATE_ATTRIBUTES, "KL-controller")
 
 
 class AdaptiveKLCallback(KLFedCallback):
@@ -237,7 +222,8 @@ class AdaptiveKLCallback(KLFedCallback):
     The state (β, the last KL, the number of updates) is exported to each checkpoint's `trainer_state.json`
     (`stateful_callbacks`) and restored from it when training resumes, whatever `restore_callback_states_from_checkpoint`
     says. [`install`](KLFedCallback.install) creates it from the configuration (`kl_target`, `kl_horizon`,
-    `kl_beta_min`, `kl_beta_max`, `kl_level`).
+    `kl_beta_min`, `kl_beta_max`) and takes its KL level from the trainer's loss specification, whose
+    `controlled_kl` is what the trainer feeds it: one source for the KL that β weighs.
 
     Args:
         trainer ([`~rpg_trl.RPGTrainer`], *optional*):
@@ -246,7 +232,8 @@ class AdaptiveKLCallback(KLFedCallback):
             The [`AdaptiveKLController`]'s.
         level (`str`, *optional*, defaults to `"token"`):
             The KL level of the divergence it is fed (`kl_level`): `"token"`, the per-token estimate (`kl`);
-            `"sequence"`, the whole-completion estimate (`kl/sequence`). Recorded with its state.
+            `"sequence"`, the whole-completion estimate (`kl/sequence`). Recorded with its state; a trainer it is bound
+            to must feed it this level's KL ([`controlled_kl`]).
     """
 
     rule_name = "controller"
@@ -285,8 +272,26 @@ class AdaptiveKLCallback(KLFedCallback):
             horizon=args.kl_horizon,
             beta_min=args.kl_beta_min,
             beta_max=args.kl_beta_max,
-            level=args.kl_level,
+            level=trainer.loss_spec.kl_level,  # the level of `loss_spec.controlled_kl`, the KL the trainer feeds
         )
+
+    @property
+    def controlled_kl(self) -> ControlledKL:
+        """The KL it is fed, as the loss's metrics name it: the [`~rpg_trl.losses.RPGLossSpec.controlled_kl`] of its
+        level."""
+        return CONTROLLED_KL[self.level]
+
+    def bind(self, trainer) -> None:
+        """Attach the trainer, which must feed the KL of this callback's level: its loss specification's
+        `controlled_kl` ([`controlled_kl`]); a `ValueError` otherwise."""
+        spec = getattr(trainer, "loss_spec", None)
+        if spec is not None and spec.controlled_kl != self.controlled_kl:
+            raise ValueError(
+                f"AdaptiveKLCallback(level={self.level!r}) holds {self.controlled_kl.metric!r}, but the trainer feeds "
+                f"{spec.controlled_kl.metric!r} (its loss has kl_level={spec.kl_level!r}): build the callback with "
+                f"level={spec.kl_level!r}, or with `AdaptiveKLCallback.install(trainer)`."
+            )
+        super().bind(trainer)
 
     def step_kl(self) -> float | None:
         """The divergence observed since the last optimizer step (`None`: nothing observed)."""

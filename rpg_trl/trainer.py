@@ -14,20 +14,14 @@ from trl.trainer.utils import get_config_model_id
 from .config import RPGConfig
 from .dynamic_sampling import DynamicSamplingMixin
 from .kl_control import AdaptiveKLCallback
-from .losses import (
-    SEQUENCE_SUM_ROWS,
-    TOKEN_MEAN_METRICS,
-    aggregate_loss,
-    diagnostic_metrics_of,
-    rpg_per_token_loss,
-    sequence_sums,
-)
+from .losses import aggregate_loss, rpg_per_token_loss
+from .losses.surrogate import SEQUENCE_SUM_ROWS, TOKEN_MEAN_METRICS, diagnostic_metrics_of, sequence_sums
 from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
 from .reliability.kl_drift import KLDriftMonitorMixin
 
 
-#: The rows of [`~rpg_trl.losses.sequence_sums`] as the trainer calls it (one `extra` row: the entropy), each a sum
+#: The rows of [`~rpg_trl.losses.surrogate.sequence_sums`] as the trainer calls it (one `extra` row: the entropy), each a sum
 #: per completion; then the totals reduced over the processes: those rows summed, the whole-completion KL estimates'
 #: sum and the number of completions with a token. Each name is its metric's numerator.
 _SEQUENCE_ROWS = (*SEQUENCE_SUM_ROWS, "entropy", "reward_weight/abs_sum", "kl_weight/abs_sum", "num_tokens")
@@ -300,7 +294,7 @@ class RPGTrainer(
         ([`~rpg_trl.losses.DIAGNOSTIC_METRICS`]) are exact over an optimizer step: the completions' log W are
         gathered from the processes at every micro-batch (with the clip fractions and the importance-weight extremes),
         kept on the host until the step's last micro-batch, and the diagnostics computed from all of them
-        ([`~rpg_trl.losses.diagnostic_metrics_of`]) and logged once per step (once per micro-batch in evaluation)."""
+        ([`~rpg_trl.losses.surrogate.diagnostic_metrics_of`]) and logged once per step (once per micro-batch in evaluation)."""
         # On the device, per completion, every sum the metrics need, in one reduction (the token means' stats, the
         # entropy, the two parts of the gradient weight in absolute value, the token count), summed over the batch and
         # the processes; the per-completion values the extremes and the diagnostics need, gathered. One copy to the

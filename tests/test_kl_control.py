@@ -307,3 +307,76 @@ def test_the_two_callbacks_fed_a_kl_share_one_base():
     for callback, hint in ((control, "callback.reinstall"), (sync, "callback.bind")):
         with pytest.raises(RuntimeError, match=f"{type(callback).__name__} has no trainer.*{hint}"):
             callback.on_train_begin(None, None, None)
+
+
+def test_the_two_rules_restore_their_state_and_the_bounds_are_checked_by_one_function():
+    """`load_attributes` and the β-bounds check are written once (`rpg_trl._kl_callback`): the controller and the
+    reference-sync trigger restore a state through the one function (unknown keys refused, naming each rule; a list
+    copied, not shared), and the configuration and the controller refuse the same bounds, each in its own names."""
+    from rpg_trl import _kl_callback
+    from rpg_trl.kl_control import check_kl_control_arguments
+    from rpg_trl.ref_sync.trigger import SyncTrigger
+
+    controller = AdaptiveKLController(beta=0.1, target=0.05)
+    controller.load_attributes({"beta": 0.3, "num_updates": 2})
+    assert (controller.beta, controller.num_updates, controller.last_kl) == (0.3, 2, None)
+    trigger = SyncTrigger(kl_threshold=0.1)
+    history = [3, 7]
+    trigger.load_attributes({"sync_history": history, "num_syncs": 2})
+    history.append(9)  # the caller's list stays the caller's
+    assert (trigger.sync_history, trigger.num_syncs) == ([3, 7], 2)
+    for rule, kind, known in ((controller, "KL-controller", "beta"), (trigger, "reference-sync", "num_syncs")):
+        with pytest.raises(ValueError, match=f"Unknown {kind} state \\['bogus'\\]"):
+            rule.load_attributes({"bogus": 1.0, known: 5})
+    assert (controller.beta, trigger.num_syncs) == (0.3, 2)  # a refused state sets nothing
+    # Both rules call the one function; neither module keeps a copy of it.
+    import rpg_trl.kl_control as kl_control
+    import rpg_trl.ref_sync.trigger as trigger_module
+
+    assert kl_control.load_attributes is trigger_module.load_attributes is _kl_callback.load_attributes
+    assert kl_control.check_beta_bounds is _kl_callback.check_beta_bounds
+
+    # The bounds: [0.2, 0.1] is empty; β = 0.5 lies outside [0, 0.1]. Each caller names its own fields.
+    with pytest.raises(ValueError, match=r"`kl_beta_min` \(0.2\) must be <= `kl_beta_max` \(0.1\)"):
+        check_kl_control_arguments(0.1, 0.05, None, 0.2, 0.1, samples_per_step=8)
+    with pytest.raises(ValueError, match=r"`beta_min` \(0.2\) must be <= `beta_max` \(0.1\)"):
+        AdaptiveKLController(beta=0.1, target=0.05, beta_min=0.2, beta_max=0.1)
+    with pytest.raises(ValueError, match=r"must lie within \[kl_beta_min, kl_beta_max\] = \[0, 0.1\]; got 0.5"):
+        check_kl_control_arguments(0.5, 0.05, None, None, 0.1, samples_per_step=8)
+    with pytest.raises(ValueError, match=r"\(the initial β\) must lie within \[beta_min, beta_max\] = \[0, 0.1\]"):
+        AdaptiveKLController(beta=0.5, target=0.05, beta_max=0.1)
+    _kl_callback.check_beta_bounds(0.1, None, None, ("a", "b"), "β")  # no bounds: any β passes
+    _kl_callback.check_beta_bounds(0.1, 0.1, 0.1, ("a", "b"), "β")  # the bounds are inclusive
+
+
+class _SpecOnlyTrainer:
+    """What `AdaptiveKLCallback.from_trainer` and `bind` read of a trainer: its arguments and its loss specification."""
+
+    def __init__(self, kl_level, spec_level):
+        from types import SimpleNamespace
+
+        from rpg_trl.losses import RPGLossSpec
+
+        self.args = SimpleNamespace(
+            beta=0.1, kl_target=0.05, kl_horizon=40.0, kl_beta_min=None, kl_beta_max=None, kl_level=kl_level
+        )
+        self.loss_spec = RPGLossSpec(beta=0.1, kl_level=spec_level)
+
+
+def test_the_callback_takes_its_kl_level_from_the_loss_the_trainer_feeds_it():
+    """One source for the controlled KL: the trainer feeds the callback `loss_spec.controlled_kl`, and the callback's
+    level (recorded in its checkpointed arguments) is that specification's, not a copy of `args.kl_level`; binding it
+    to a trainer whose loss controls the other level's KL is refused. The level names the metric independently:
+    ``token`` → ``kl``/``num_tokens``, ``sequence`` → ``kl/sequence``/``num_sequences``."""
+    for spec_level, metric, count in (("token", "kl", "num_tokens"), ("sequence", "kl/sequence", "num_sequences")):
+        other = "token" if spec_level == "sequence" else "sequence"
+        trainer = _SpecOnlyTrainer(kl_level=other, spec_level=spec_level)  # the arguments say the other level
+        callback = AdaptiveKLCallback.from_trainer(trainer)
+        assert callback.trainer is trainer and callback.level == spec_level
+        assert (callback.controlled_kl.metric, callback.controlled_kl.count) == (metric, count)
+        assert callback.controlled_kl == trainer.loss_spec.controlled_kl
+        assert callback.state()["args"]["level"] == spec_level  # the checkpoint format: the level, by name
+        mismatched = AdaptiveKLCallback(beta=0.1, target=0.05, horizon=40, level=other)
+        with pytest.raises(ValueError, match=f"level='{other}'.*the trainer feeds '{metric}'"):
+            mismatched.bind(trainer)
+        assert mismatched.trainer is None

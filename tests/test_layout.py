@@ -22,21 +22,29 @@ def _module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imported_modules(path: Path) -> set[str]:
+def _imported_modules(path: Path, type_checking: bool = False) -> set[str]:
     """Absolute names of the modules imported anywhere in `path` (relative imports resolved), but for those under
-    `if TYPE_CHECKING:`."""
+    `if TYPE_CHECKING:` unless `type_checking`."""
     package = _module_name(path).split(".")
     if path.name != "__init__.py":
         package = package[:-1]
-    tree = ast.parse(path.read_text(), filename=str(path))
-    # Imports under `if TYPE_CHECKING:` never run (annotations only): they are not dependencies.
-    type_only = {
-        id(sub)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for child in node.body
-        for sub in ast.walk(child)
-    }
+    return _imports_of(path.read_text(), package, type_checking, filename=str(path))
+
+
+def _imports_of(source: str, package: list[str], type_checking: bool = False, filename: str = "<source>") -> set[str]:
+    """The imports of `source`, a module of `package` (its dotted name as a list), as [`_imported_modules`]."""
+    tree = ast.parse(source, filename=filename)
+    # Imports under `if TYPE_CHECKING:` never run (annotations only): they are not dependencies at run time, but they
+    # are a dependency of the module's meaning (`type_checking=True` counts them).
+    type_only = set()
+    if not type_checking:
+        type_only = {
+            id(sub)
+            for node in ast.walk(tree)
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+            for child in node.body
+            for sub in ast.walk(child)
+        }
     names = set()
     for node in ast.walk(tree):
         if id(node) in type_only:
@@ -78,8 +86,22 @@ def test_the_walk_sees_every_kind_of_import():
     cli_demo = _imported_modules(RESEARCH / "cli" / "demo.py")
     # `..` (within rpg_research), absolute and `.`, all inside functions
     assert {"rpg_research.toy.addition", "rpg_trl.trainer", "rpg_research.cli.plot"} <= cli_demo
-    kl = _imported_modules(PACKAGE / "losses" / "kl.py")  # `from .spec import ...` only under `if TYPE_CHECKING:`
+    kl = _imported_modules(PACKAGE / "losses" / "kl.py")  # `from .ratios import ...`; nothing of `spec`
     assert "rpg_trl.losses.ratios" in kl and "rpg_trl.losses.spec" not in kl
+
+
+def test_the_walk_counts_type_checking_imports_only_when_asked():
+    source = (
+        "from typing import TYPE_CHECKING\n"
+        "from .kl import x\n"
+        "if TYPE_CHECKING:\n"
+        "    from .spec import RPGLossSpec\n"
+        "    import torch\n"
+    )
+    run_time = _imports_of(source, ["rpg_trl", "losses"])
+    assert "rpg_trl.losses.kl" in run_time and "rpg_trl.losses.spec" not in run_time and "torch" not in run_time
+    annotated = _imports_of(source, ["rpg_trl", "losses"], type_checking=True)
+    assert {"rpg_trl.losses.kl", "rpg_trl.losses.spec", "torch"} <= annotated
 
 
 def test_library_modules_exist_and_the_research_is_apart():
@@ -112,14 +134,15 @@ def test_the_toy_task_never_imports_the_command_line():
     assert _offending(_modules("toy"), ("rpg_research.cli",)) == {}
 
 
-def _import_graph() -> dict[str, set[str]]:
+def _import_graph(type_checking: bool = False) -> dict[str, set[str]]:
     """Module -> the modules of the package it imports (a name imported from a module counts as that module; a
-    module's own parent packages, which Python imports first anyway, are left out)."""
+    module's own parent packages, which Python imports first anyway, are left out); `type_checking`: the imports under
+    `if TYPE_CHECKING:` count too."""
     modules = {_module_name(p): p for p in _library_modules() + _modules()}
     graph = {}
     for name, path in modules.items():
         deps = set()
-        for imported in _imported_modules(path):
+        for imported in _imported_modules(path, type_checking):
             while imported and imported not in modules:  # `from .x import f` names `pkg.x.f`
                 imported = imported.rpartition(".")[0]
             if imported and imported != name and not name.startswith(imported + "."):
@@ -169,6 +192,24 @@ def test_no_two_modules_import_each_other():
     assert "rpg_research.cli.optima" in graph["rpg_research.cli.bench_optimum_sequence"]
     assert "rpg_research.cli.runs" in graph["rpg_research.cli.bench_kl"]
     assert _cycles(graph) == []
+
+
+def test_the_loss_modules_import_one_another_in_one_direction_even_in_annotations():
+    """`rpg_trl.losses`: `spec` imports `kl` and `surrogate` to check its fields, and `loss` the others; `kl` and
+    `surrogate` annotate a specification with a protocol (`kl.LossSpecFields`) instead of importing `spec` under
+    `if TYPE_CHECKING:`, so the package's graph has no cycle when annotation-only imports are counted."""
+    graph = _import_graph(type_checking=True)
+    losses = {
+        name: {dep for dep in deps if dep.startswith("rpg_trl.losses.")}
+        for name, deps in graph.items()
+        if name.startswith("rpg_trl.losses.")
+    }
+    assert {"rpg_trl.losses.kl", "rpg_trl.losses.surrogate"} <= losses["rpg_trl.losses.spec"]
+    assert {"rpg_trl.losses.spec", "rpg_trl.losses.surrogate"} <= losses["rpg_trl.losses.loss"]
+    assert "rpg_trl.losses.ratios" in losses["rpg_trl.losses.kl"]
+    assert _cycles(losses) == []
+    assert not losses["rpg_trl.losses.kl"] & {"rpg_trl.losses.spec", "rpg_trl.losses.surrogate"}
+    assert "rpg_trl.losses.spec" not in losses["rpg_trl.losses.surrogate"]
 
 
 def test_the_readme_layout_names_every_part_of_the_package():

@@ -18,12 +18,11 @@ from rpg_trl.losses import (
     KL_TERMS,
     LOG_WEIGHT_CLAMP,
     KLSignWarning,
-    importance_ratios,
-    log_k3,
     rpg_loss,
     rpg_per_token_loss,
-    sequence_kl_weight,
 )
+from rpg_trl.losses.kl import log_k3, sequence_kl_weight
+from rpg_trl.losses.ratios import importance_ratios
 
 
 B, T = 3, 5
@@ -672,7 +671,9 @@ def test_sequence_level_values_differentiate_to_the_log_space_weights(divergence
     # The differentiable estimator takes its sequence-level gradient from the log-space weights (straight-through); the
     # per-token values S_t it reports must still be the terms whose sum differentiates to those weights (prefixes far
     # from the clamp), and both must be the closed form `sequence_K`.
-    from rpg_trl.losses import RPGLossSpec, clip_regions, importance_ratios, kl_values, kl_weights
+    from rpg_trl.losses import RPGLossSpec
+    from rpg_trl.losses.kl import kl_values, kl_weights
+    from rpg_trl.losses.ratios import clip_regions, importance_ratios
 
     lp, old, ref, adv, mask = make_inputs(seed=14, spread=0.8, with_ref=with_ref)
     logps = torch.tensor(lp, requires_grad=True)
@@ -1279,7 +1280,8 @@ def test_the_loss_returns_the_kl_that_beta_weighs_at_each_level(divergence):
     """`kl/controlled` (and `RPGLossSpec.controlled_kl`) is the token mean of the per-token estimate with
     kl_level="token" and the completion mean of the whole-completion estimate with "sequence", on the same batch;
     the expected values are computed here from the log-ratios, with the sampling anchor (r = 1)."""
-    from rpg_trl.losses import CONTROLLED_KL, RPGLossSpec, rpg_loss
+    from rpg_trl.losses import RPGLossSpec, rpg_loss
+    from rpg_trl.losses.kl import CONTROLLED_KL
 
     generator = torch.Generator().manual_seed(3)
     old = -torch.rand(4, 6, generator=generator, dtype=torch.float64) - 0.5
@@ -1334,3 +1336,53 @@ def test_the_specification_says_whether_the_kl_weight_can_push_away(fields, sepa
         spec.warn_if_kl_can_push_away(separate_reference)
     assert [r.category for r in record] == ([KLSignWarning] if pushes_away else [])
     assert spec.kl_needs_completion_order is (spec.kl_level == "sequence")
+
+
+def test_the_package_exports_only_the_names_a_user_calls():
+    """`rpg_trl.losses` is a narrow API: its `__all__` is the entry points, the specification, the names of its
+    options and their defaults, the KL table, the aggregation and metrics of a per-token loss, the clamps, the warning
+    and the paper's names, listed here by hand. Each resolves; nothing else is bound at package level but the
+    submodules, from which the trainers and the tests import the building blocks."""
+    import types
+
+    import rpg_trl.losses as losses
+
+    public = [
+        "AGGREGATIONS",
+        "DEFAULT_KL_CLIP_MODE",
+        "DEFAULT_KL_TO_GO",
+        "DIAGNOSTIC_METRICS",
+        "DIVERGENCES",
+        "ESTIMATORS",
+        "IMPORTANCE_SAMPLING_LEVELS",
+        "KLClipMode",
+        "KLSignWarning",
+        "KLTerm",
+        "KL_CLIP_MODES",
+        "KL_LEVELS",
+        "KL_TERMS",
+        "KL_TO_GO",
+        "LOG_RATIO_CLAMP",
+        "LOG_WEIGHT_CLAMP",
+        "PAPER_NAMES",
+        "RPGLossSpec",
+        "aggregate_loss",
+        "rpg_loss",
+        "rpg_per_token_loss",
+        "summarize_stats",
+    ]
+    assert losses.__all__ == sorted(public) == public
+    for name in public:
+        assert getattr(losses, name) is not None
+    bound = {name for name in vars(losses) if not (name.startswith("__") and name.endswith("__"))}
+    modules = {name for name in bound if isinstance(getattr(losses, name), types.ModuleType)}
+    assert {"kl", "loss", "ratios", "spec", "surrogate"} <= modules
+    assert all(getattr(losses, name).__name__ == f"rpg_trl.losses.{name}" for name in modules)
+    assert bound - modules == set(public)
+    # The building blocks stay where they are defined: a name the package no longer exports is still importable there.
+    from rpg_trl.losses.kl import CONTROLLED_KL, sequence_kl_weight
+    from rpg_trl.losses.surrogate import combine_diagnostic_parts, diagnostic_parts
+
+    assert not {"CONTROLLED_KL", "sequence_kl_weight", "combine_diagnostic_parts", "diagnostic_parts"} & bound
+    assert callable(sequence_kl_weight) and callable(combine_diagnostic_parts) and callable(diagnostic_parts)
+    assert set(CONTROLLED_KL) == set(losses.KL_LEVELS)

@@ -8,16 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from rpg_trl.losses import (
-    DIAGNOSTIC_METRICS,
-    ESTIMATORS,
-    KL_LEVELS,
+from rpg_trl.losses import DIAGNOSTIC_METRICS, ESTIMATORS, KL_LEVELS, rpg_loss, rpg_per_token_loss
+from rpg_trl.losses.surrogate import (
     combine_diagnostic_parts,
     diagnostic_metrics,
     diagnostic_metrics_of,
     diagnostic_parts,
-    rpg_loss,
-    rpg_per_token_loss,
 )
 
 

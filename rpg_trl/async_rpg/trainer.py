@@ -13,7 +13,8 @@ from trl.experimental.async_grpo.async_grpo_trainer import DataCollatorForRollou
 from trl.experimental.async_grpo.packing import TREE_ATTENTION
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, pad
 
-from ..losses import TOKEN_MEAN_METRICS, aggregate_loss, nan_extreme, rpg_per_token_loss, summarize_stats
+from ..losses import aggregate_loss, rpg_per_token_loss, summarize_stats
+from ..losses.surrogate import TOKEN_MEAN_METRICS, nan_extreme
 from ..reliability.checkpoints import CommittedCheckpointsMixin
 from ..reliability.importance_weights import ImportanceWeightMonitorMixin
 from ..reliability.kl_drift import KLDriftMonitorMixin

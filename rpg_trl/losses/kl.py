@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -24,8 +24,33 @@ from .ratios import (
 )
 
 
-if TYPE_CHECKING:  # annotations only: the specification imports this module
-    from .spec import RPGLossSpec
+class LossSpecFields(Protocol):
+    """The fields of a loss specification ([`~rpg_trl.losses.spec.RPGLossSpec`]) that the KL and surrogate functions
+    read. They annotate their `spec` with this protocol instead of importing `spec`, which imports them to check its
+    fields: the package's modules import one another in one direction only, annotations included."""
+
+    @property
+    def divergence(self) -> str: ...
+    @property
+    def beta(self) -> float: ...
+    @property
+    def clip(self) -> bool: ...
+    @property
+    def epsilon_low(self) -> float: ...
+    @property
+    def epsilon_high(self) -> float: ...
+    @property
+    def clip_c(self) -> float: ...
+    @property
+    def kl_importance_weight(self) -> bool: ...
+    @property
+    def kl_level(self) -> str: ...
+    @property
+    def kl_clip_mode(self) -> str: ...
+    @property
+    def kl_to_go(self) -> str: ...
+    @property
+    def kl_term(self) -> KLTerm: ...
 
 
 def _reverse_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -242,12 +267,12 @@ class KLSignWarning(UserWarning):
     that is not the sampling policy)."""
 
 
-def _clip_log(log_x: torch.Tensor, spec: RPGLossSpec) -> torch.Tensor:
+def _clip_log(log_x: torch.Tensor, spec: LossSpecFields) -> torch.Tensor:
     """``log clip(x, 1 − ε_low, 1 + ε_high)``, detached (Remark F.2)."""
     return log_x.detach().clamp(math.log(1.0 - spec.epsilon_low), math.log(1.0 + spec.epsilon_high))
 
 
-def kl_values(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
+def kl_values(ratios: RatioTensors, spec: LossSpecFields) -> torch.Tensor:
     """The divergence estimate per token, ``S`` (B, T), differentiable: the importance-weighted per-token estimate
     (``kl_level="token"``, at the token ratios whatever the importance-sampling level), or the terms whose sum over a
     completion estimates the divergence between whole completions (``kl_level="sequence"``). GRPO's uncorrected k3 is evaluated at the token ratios."""
@@ -259,13 +284,15 @@ def kl_values(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
     return term.value(ratios.kl_w, ratios.token_r, ratios.kl_log_w, ratios.token_log_r)
 
 
-def _exact_token_weight(term: KLTerm, ratios: RatioTensors, spec: RPGLossSpec, regions: ClipRegions) -> torch.Tensor:
+def _exact_token_weight(
+    term: KLTerm, ratios: RatioTensors, spec: LossSpecFields, regions: ClipRegions
+) -> torch.Tensor:
     """``K(w, r)`` at the unclipped (clamped) token ratios (never the sequence's GSPO-style ratio: the KL keeps its own
     importance weights whatever ``importance_sampling_level`` is)."""
     return term.weight(ratios.token_w, ratios.token_r, ratios.token_log_w, ratios.token_log_r)
 
 
-def _truncation(w: torch.Tensor, spec: RPGLossSpec) -> torch.Tensor:
+def _truncation(w: torch.Tensor, spec: LossSpecFields) -> torch.Tensor:
     """``min(1, c/w)``: the factor that turns an importance weight ``w`` into ``min(w, c)``."""
     return (spec.clip_c / w).clamp(max=1.0)
 
@@ -339,7 +366,7 @@ def sequence_log_parts(
     return log_P, log_N
 
 
-def sequence_log_truncation(term: KLTerm, prefixes: Prefixes, spec: RPGLossSpec) -> torch.Tensor:
+def sequence_log_truncation(term: KLTerm, prefixes: Prefixes, spec: LossSpecFields) -> torch.Tensor:
     """``−log s_t`` (≥ 0) of the factor ``s_t = min(1, c / M_t)`` of ``kl_clip_mode="truncated"`` at the sequence
     level, one per token, with ``M_t`` the largest prefix ratio that ``K_t`` weighs: ``W≤t`` for ufkl,
     ``max_{t'≥t} W≤t'`` (the KL-to-go) for rkl and urkl; 0 (``s_t = 1``) for fkl, whose ``K_t = −R≤t`` does not grow
@@ -480,7 +507,7 @@ KL_CLIP_MODES: dict[str, KLClipMode] = {
 }
 
 
-def kl_weights(ratios: RatioTensors, spec: RPGLossSpec, regions: ClipRegions) -> torch.Tensor:
+def kl_weights(ratios: RatioTensors, spec: LossSpecFields, regions: ClipRegions) -> torch.Tensor:
     """The KL part ``K`` of the gradient weight ``W = w·A − β·K`` per token, (B, T), detached.
 
     Token level: ``K(w, r)`` of the module table. Sequence level: the exact weight of the whole-completion divergence,
@@ -500,12 +527,14 @@ def kl_weights(ratios: RatioTensors, spec: RPGLossSpec, regions: ClipRegions) ->
         return mode.token_weight(term, ratios, spec, regions)
 
 
-def token_kl(ratios: RatioTensors, divergence: str | RPGLossSpec, kl_importance_weight: bool = True) -> torch.Tensor:
+def token_kl(
+    ratios: RatioTensors, divergence: str | LossSpecFields, kl_importance_weight: bool = True
+) -> torch.Tensor:
     """The per-token divergence estimate that is logged (``kl``) and drives the reference sync: ``S`` at the
     token-level ratios (whatever the importance-sampling and KL levels), or GRPO's k3 when uncorrected. Detached, and
     0 on inactive tokens (every row of the table is 0 at ``w = r = 1``). `divergence` is a divergence name or an
     [`RPGLossSpec`]."""
-    if not isinstance(divergence, str):  # an RPGLossSpec
+    if not isinstance(divergence, str):  # a loss specification
         divergence, kl_importance_weight = divergence.divergence, divergence.kl_importance_weight
     name = divergence if kl_importance_weight else "k3"
     if name not in ratios.token_kl_values:
@@ -517,7 +546,7 @@ def token_kl(ratios: RatioTensors, divergence: str | RPGLossSpec, kl_importance_
     return ratios.token_kl_values[name]
 
 
-def sequence_kl(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
+def sequence_kl(ratios: RatioTensors, spec: LossSpecFields) -> torch.Tensor:
     """The estimate of the divergence between whole completions, one value per completion (B,), detached: the row's
     per-token estimate ``S`` applied to the completion as a whole, at ``W = π_θ(y)/π_old(y)`` and
     ``R = π_ref(y)/π_old(y)`` (the logged ``kl/sequence``, with either `kl_level`). Unbiased under π_old, and never
@@ -530,7 +559,7 @@ def sequence_kl(ratios: RatioTensors, spec: RPGLossSpec) -> torch.Tensor:
         return spec.kl_term.value(torch.exp(log_W), torch.exp(log_R), log_W, log_R)
 
 
-def kl_can_flip_sign(spec: RPGLossSpec, separate_reference: bool = True) -> bool:
+def kl_can_flip_sign(spec: LossSpecFields, separate_reference: bool = True) -> bool:
     """Whether `spec`'s KL gradient can point away from its anchor on some token (the weight of the mode with the
     opposite sign of the exact one; [`KLClipMode.can_flip_sign`]): a clipped, importance-weighted KL with β > 0 in a
     [`KL_CLIP_MODES`] entry that can flip the sign at `spec`'s KL level and divergence. `separate_reference`: the anchor
@@ -543,7 +572,7 @@ def kl_can_flip_sign(spec: RPGLossSpec, separate_reference: bool = True) -> bool
     )
 
 
-def kl_sign_message(spec: RPGLossSpec, separate_reference: bool) -> str:
+def kl_sign_message(spec: LossSpecFields, separate_reference: bool) -> str:
     """The text of the [`KLSignWarning`] for `spec` (for which [`kl_can_flip_sign`] is True)."""
     anchor = "a reference model" if separate_reference else "the sampling policy"
     return (

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -16,6 +15,7 @@ from ._checks import (
     _check_choice,
 )
 from .kl import (
+    LossSpecFields,
     kl_values,
     kl_weights,
     token_kl,
@@ -24,10 +24,6 @@ from .ratios import (
     ClipRegions,
     RatioTensors,
 )
-
-
-if TYPE_CHECKING:  # annotations only: the specification imports this module
-    from .spec import RPGLossSpec
 
 
 #: ``token-mean``: Σ/number of tokens; ``seq-mean-token-mean``: mean over sequences of each one's token mean;
@@ -71,7 +67,7 @@ def gradient_weight_parts(
     ratios: RatioTensors,
     advantages: torch.Tensor,
     regions: ClipRegions,
-    spec: RPGLossSpec,
+    spec: LossSpecFields,
     reward_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The two parts of the per-token gradient weight ``W = [w·A if the reward term is active] − β·K̃`` that both
@@ -93,7 +89,7 @@ def differentiable_per_token_loss(
     ratios: RatioTensors,
     advantages: torch.Tensor,
     regions: ClipRegions,
-    spec: RPGLossSpec,
+    spec: LossSpecFields,
     reward_mask: torch.Tensor | None = None,
     *,
     kl_weight: torch.Tensor | None = None,
@@ -136,7 +132,7 @@ def reinforce_per_token_loss(
     ratios: RatioTensors,
     advantages: torch.Tensor,
     regions: ClipRegions,
-    spec: RPGLossSpec,
+    spec: LossSpecFields,
     reward_mask: torch.Tensor | None = None,
     *,
     kl_weight: torch.Tensor | None = None,
@@ -232,27 +228,32 @@ def sequence_sums(
     small tensor for one reduction across processes: a micro-batch's metrics in a few kernels, not one or more per
     metric (on a GPU they are launch-bound). Every tensor is (B, T), `mask` the 0/1 mask the stats were computed with.
 
-    Each row is summed on its own, never stacked at (rows, B, T): the stats that are 0 on inactive tokens (the KL
-    estimate ``S``, which every row of the KL table makes 0 at ``w = r = 1``, the clip regions and the reward part of
-    the weight) are summed as they are, the regions as counts, and ``is_clipped`` is the sum of the three regions'
-    counts, which are disjoint (``A < 0`` with ``w < 1 − ε_low`` or ``w > c > 1``, or ``A > 0``); only the importance
-    weight (1 there), the KL weight and `extra` are masked. The stacked copy and its masked copy were most of the
-    loss's time on a CPU."""
+    The rows are not all copied into one (rows, B, T) stack: the stats that are 0 on inactive tokens (the KL estimate
+    ``S``, which every row of the KL table makes 0 at ``w = r = 1``, the clip regions and the reward part of the
+    weight) are summed as they are, the regions as counts of one stack of bools, and ``is_clipped`` is the sum of the
+    three regions' counts, which are disjoint (``A < 0`` with ``w < 1 − ε_low`` or ``w > c > 1``, or ``A > 0``); only
+    the importance weight (1 there), `extra` and the KL weight are masked, each on its own. The float copy of every row and
+    its masked copy were most of the loss's time on a CPU at B×T = 64×4096 (the project's loss-only benchmark)."""
     with torch.no_grad():
         w = stats["importance_weight"]
         dtype = w.dtype
         mask = mask.to(dtype)
-        counts = [stats[key].sum(-1).to(dtype) for key in ("is_low_clipped", "is_high_clipped", "is_dual_clipped")]
+        # The regions as counts (a stack of bools: one byte a token), their union as the sum of the three counts.
+        regions = torch.stack([stats[key] for key in ("is_low_clipped", "is_high_clipped", "is_dual_clipped")])
+        counts = regions.sum(-1).to(dtype)
         weighted = w * mask
-        rows = [stats["kl"].sum(-1), *counts, counts[0] + counts[1] + counts[2], weighted.sum(-1)]
-        rows += [(x.detach() * mask).sum(-1) for x in extra]
-        rows += [stats["reward_gradient_weight"].abs().sum(-1), (stats["kl_gradient_weight"].abs() * mask).sum(-1)]
-        rows.append(mask.sum(-1))
+        # `kl`; `is_low_clipped`, `is_high_clipped`, `is_dual_clipped`; `is_clipped`; `importance_weight`; `extra`;
+        # the two parts of the weight in absolute value; the count.
+        rows = [stats["kl"].sum(-1)[None], counts, counts.sum(0, keepdim=True), weighted.sum(-1)[None]]
+        rows += [(x.detach() * mask).sum(-1)[None] for x in extra]
+        rows += [stats["reward_gradient_weight"].abs().sum(-1)[None]]
+        rows += [(stats["kl_gradient_weight"].abs() * mask).sum(-1)[None], mask.sum(-1)[None]]
+        rows = torch.cat(rows)
         # Extremes without boolean indexing (which copies and synchronises); the largest: w > 0 on active tokens and
         # w·mask = 0 elsewhere.
         largest = weighted.amax()
         smallest = torch.where(mask > 0, w, math.inf).amin()
-        return torch.stack(rows), torch.stack([largest, smallest])
+        return rows, torch.stack([largest, smallest])
 
 
 def summarize_stats(

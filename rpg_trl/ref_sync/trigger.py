@@ -18,6 +18,8 @@ import math
 import numbers
 from collections.abc import Callable
 
+from .._kl_callback import load_attributes
+
 
 #: The moving-average and sync-history attributes exported to `trainer_state.json`, under these names (a checkpoint
 #: restores them by name).
@@ -132,14 +134,9 @@ class SyncTrigger:
         }
 
     def load_attributes(self, attributes: dict) -> None:
-        """Restore an exported state; refuses unknown keys (a state that is not this trigger's)."""
-        unknown = set(attributes) - set(STATE_ATTRIBUTES)
-        if unknown:
-            raise ValueError(
-                f"Unknown reference-sync state {sorted(unknown)}; expected some of {list(STATE_ATTRIBUTES)}."
-            )
-        for key, value in attributes.items():
-            setattr(self, key, list(value) if key == "sync_history" else value)
+        """Restore an exported state (`sync_history` copied); refuses unknown keys (a state that is not this
+        trigger's)."""
+        load_attributes(self, attributes, STATE_ATTRIBUTES, "reference-sync")
 
 
 def broadcast_from_main(accelerator) -> Callable[[list[float]], list[float]] | None:

@@ -21,9 +21,9 @@ from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
 from .reliability.kl_drift import KLDriftMonitorMixin
 
 
-#: The rows of [`~rpg_trl.losses.surrogate.sequence_sums`] as the trainer calls it (one `extra` row: the entropy), each a sum
-#: per completion; then the totals reduced over the processes: those rows summed, the whole-completion KL estimates'
-#: sum and the number of completions with a token. Each name is its metric's numerator.
+#: The rows of [`~rpg_trl.losses.surrogate.sequence_sums`] as the trainer calls it (one `extra` row: the entropy),
+#: each a sum per completion; then the totals reduced over the processes: those rows summed, the whole-completion KL
+#: estimates' sum and the number of completions with a token. Each name is its metric's numerator.
 _SEQUENCE_ROWS = (*SEQUENCE_SUM_ROWS, "entropy", "reward_weight/abs_sum", "kl_weight/abs_sum", "num_tokens")
 _REDUCED_TOTALS = (*TOKEN_MEAN_METRICS, *_SEQUENCE_ROWS[len(SEQUENCE_SUM_ROWS) :], "kl/sequence", "num_sequences")
 assert len(TOKEN_MEAN_METRICS) == len(SEQUENCE_SUM_ROWS)  # the token means' numerators, row for row

@@ -294,7 +294,8 @@ class RPGTrainer(
         ([`~rpg_trl.losses.DIAGNOSTIC_METRICS`]) are exact over an optimizer step: the completions' log W are
         gathered from the processes at every micro-batch (with the clip fractions and the importance-weight extremes),
         kept on the host until the step's last micro-batch, and the diagnostics computed from all of them
-        ([`~rpg_trl.losses.surrogate.diagnostic_metrics_of`]) and logged once per step (once per micro-batch in evaluation)."""
+        ([`~rpg_trl.losses.surrogate.diagnostic_metrics_of`]) and logged once per step (once per micro-batch in
+        evaluation)."""
         # On the device, per completion, every sum the metrics need, in one reduction (the token means' stats, the
         # entropy, the two parts of the gradient weight in absolute value, the token count), summed over the batch and
         # the processes; the per-completion values the extremes and the diagnostics need, gathered. One copy to the

@@ -529,8 +529,9 @@ def accuracy_reward(completions: list, solution: list, **kwargs) -> list[float |
     [`WORKER_TIMEOUT_SECONDS`] (20 s; the next completion starts a new worker). Workers are started at the first call
     off the main thread (a Python interpreter with math-verify and sympy, not torch: under a second), reused, at most
     [`MAX_VERIFY_WORKERS`] at a time, and killed at exit; on Linux the kernel also ends a worker with the thread that
-    started it, so none outlives a process killed without exit handlers (TRL stops its rollout worker so). A completion that exceeds a limit scores 0.0 ("not
-    verified"; a reference that exceeds it gives `None`), with a warning at the 1st, 10th, 100th, ... time-out.
+    started it, so none outlives a process killed without exit handlers (TRL stops its rollout worker so). A completion
+    that exceeds a limit scores 0.0 ("not verified"; a reference that exceeds it gives `None`), with a warning at the
+    1st, 10th, 100th, ... time-out.
 
     Bounded cost per completion: in the main thread at most 5 s to parse the answer and 5 s to compare it (plus 5 s
     to parse a reference the first time it is seen; references are cached); off the main thread at most

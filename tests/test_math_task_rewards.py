@@ -333,3 +333,27 @@ def test_accuracy_one_zero_gives_half_the_authors_advantage(tiny_model_dir):
     torch.testing.assert_close(
         _advantages(tiny_model_dir, "none", [2.0, 0.0]), torch.tensor(AUTHORS_ACCURACY_ADVANTAGES), rtol=0, atol=0
     )
+
+
+def test_without_math_verify_the_rewards_import_and_accuracy_is_refused_naming_the_math_extra(monkeypatch):
+    """math-verify is the `math` extra's (setup.cfg): without it, the rewards module imports, the rewards that do not
+    compare answers work, and `accuracy_reward` raises an ImportError naming the extra before scoring anything. The
+    module is loaded anew from its file (as its worker processes load it) while importing math_verify fails."""
+    import importlib.util
+    import sys
+
+    from rpg_trl.math_task import rewards
+
+    monkeypatch.setitem(sys.modules, "math_verify", None)  # `import math_verify` raises ImportError
+    spec = importlib.util.spec_from_file_location("_rewards_without_math_verify", rewards.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.format_reward(["Work.\nAnswer: 42"]) == [1.0]
+    assert module.extract_answer("Answer: 42") == "42"
+    with pytest.raises(ImportError) as refused:
+        module.accuracy_reward(["Answer: 42"], ["42"])
+    assert str(refused.value) == (
+        'accuracy_reward compares answers with math-verify, which is not installed: `pip install "rpg_trl[math]"` '
+        "(math-verify>=0.8)."
+    )
+    assert rewards.accuracy_reward(["Answer: 42"], ["42"]) == [1.0]  # the installed module is untouched

@@ -48,8 +48,15 @@ from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from functools import lru_cache
 
-from math_verify import LatexExtractionConfig, parse, verify
-from math_verify.errors import TimeoutException
+# math-verify is the `math` extra's (`pip install "rpg_trl[math]"`): without it the module imports, and
+# [`accuracy_reward`] refuses to score, naming the extra (as TRL's own accuracy reward checks it at use).
+try:
+    from math_verify import LatexExtractionConfig, parse, verify
+    from math_verify.errors import TimeoutException
+except ImportError as exc:
+    _MATH_VERIFY_MISSING: ImportError | None = exc
+else:
+    _MATH_VERIFY_MISSING = None
 
 
 __all__ = [
@@ -104,7 +111,7 @@ _ANSWER_RE = re.compile(r"answer[ \t*_]*:[ \t*_]*\s*([^\n]+)", re.IGNORECASE)
 _FORMAT_LINE_RE = re.compile(r"^(?:\*\*)?Answer(?:\*\*)?[ \t]*:(?:\*\*)?[ \t]*\S")
 _BOXED_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
 _MATH_DELIMITERS = (("$$", "$$"), ("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
-_LATEX_CONFIG = [LatexExtractionConfig(boxed_match_priority=0)]
+_LATEX_CONFIG = [LatexExtractionConfig(boxed_match_priority=0)] if _MATH_VERIFY_MISSING is None else []
 
 _warned_exception = False
 
@@ -570,6 +577,11 @@ def accuracy_reward(completions: list, solution: list, **kwargs) -> list[float |
     [1.0, 0.0]
     ```
     """
+    if _MATH_VERIFY_MISSING is not None:
+        raise ImportError(
+            "accuracy_reward compares answers with math-verify, which is not installed: "
+            '`pip install "rpg_trl[math]"` (math-verify>=0.8).'
+        ) from _MATH_VERIFY_MISSING
     if len(completions) != len(solution):
         raise ValueError(
             f"`completions` and `solution` must have the same length; got {len(completions)} and {len(solution)}."

@@ -17,8 +17,9 @@ Reads top to bottom: arguments, data, rewards, trainer, train, save. Every optio
 
 `--algorithm rpg` trains with `RPGTrainer`; `grpo` and `dapo` train with TRL's `GRPOTrainer` (its `loss_type="grpo"` /
 `"dapo"` losses, with the clip ranges and KL of the `BASELINES` table below); `rfpp` and `rfppb` train REINFORCE++ and
-REINFORCE++-Baseline (`rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer`: whitened returns, KL in the reward,
-TRL's clipped loss). All share everything else (data, rewards, dynamic sampling, batch sizes, optimizer, schedule). Offline use: pass a local model folder and local data files
+REINFORCE++-Baseline (`ReinforcePlusPlusTrainer` of the research package beside the library, `pip install -e
+./research` in a clone: whitened returns, KL in the reward, TRL's clipped loss). All share everything else (data,
+rewards, dynamic sampling, batch sizes, optimizer, schedule). Offline use: pass a local model folder and local data files
 (`.jsonl`/`.json`/`.parquet`, with `problem`/`question` and `answer`/`solution` columns), and set HF_HUB_OFFLINE=1.
 """
 
@@ -36,7 +37,6 @@ from rpg_trl.dynamic_sampling import DynamicSamplingMixin
 from rpg_trl.losses import PAPER_NAMES
 from rpg_trl.math_task.data import DAPO_MATH_17K_ENG_ID, load_dapo_math_17k
 from rpg_trl.math_task.rewards import accuracy_reward, format_reward, get_soft_overlong_punishment
-from rpg_trl.reinforce_plus_plus import BASELINE_NAMES, ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
 from rpg_trl.reliability import ReliabilityMixin, shutdown_colocated_vllm
 
 from eval_math import load_eval_sets  # the sibling script: benchmarks by name ('aime24', ...) or files
@@ -69,7 +69,8 @@ class MathScriptArguments:
         metadata={
             "help": "'rpg' trains with RPGTrainer (the variant chosen by `divergence` and `estimator`); 'grpo' and "
             "'dapo' train the baselines with TRL's GRPOTrainer and its own losses; 'rfpp' and 'rfppb' train "
-            "REINFORCE++ and REINFORCE++-Baseline (rpg_trl.reinforce_plus_plus). Settings in BASELINES.",
+            "REINFORCE++ and REINFORCE++-Baseline (the research package's rpg_research.reinforce_plus_plus). "
+            "Settings in BASELINES.",
             "choices": list(ALGORITHMS),
         },
     )
@@ -151,12 +152,30 @@ class BaselineTrainer(PerBenchmarkEvalMetrics, ReliabilityMixin, DynamicSampling
     RPG in the loss only, and per-benchmark evaluation metrics."""
 
 
-class ReinforcePlusPlusBaselineTrainer(PerBenchmarkEvalMetrics, ReinforcePlusPlusTrainer):
+def reinforce_plus_plus():
+    """The research package's REINFORCE++ module (`rpg_research.reinforce_plus_plus`), which `--algorithm rfpp` and
+    `rfppb` need; a clear error without it."""
+    try:
+        from rpg_research import reinforce_plus_plus
+    except ImportError as exc:
+        raise ImportError(
+            "--algorithm rfpp and rfppb train the REINFORCE++ baselines of rpg_trl's research package, which is not "
+            "installed: `pip install -e ./research` in a clone of rpg_trl."
+        ) from exc
+    return reinforce_plus_plus
+
+
+def reinforce_plus_plus_trainer() -> type:
     """REINFORCE++ (dynamic sampling built in, advantages whitened over the final batch) with per-benchmark
     evaluation metrics."""
 
+    class ReinforcePlusPlusBaselineTrainer(PerBenchmarkEvalMetrics, reinforce_plus_plus().ReinforcePlusPlusTrainer):
+        __doc__ = reinforce_plus_plus_trainer.__doc__
 
-def baseline_config(args: RPGConfig, algorithm: str) -> BaselineConfig | ReinforcePlusPlusConfig:
+    return ReinforcePlusPlusBaselineTrainer
+
+
+def baseline_config(args: RPGConfig, algorithm: str) -> GRPOConfig:
     """The RPGConfig's shared settings (batch, optimizer, schedule, generation, logging) with the baseline's loss."""
     preset = BASELINES[algorithm]
     ignored = {key: getattr(args, key) for key, value in preset.items() if getattr(args, key) != value}
@@ -166,7 +185,9 @@ def baseline_config(args: RPGConfig, algorithm: str) -> BaselineConfig | Reinfor
             "or command line are not used (edit BASELINES in this script to change them).",
             stacklevel=2,
         )
-    config_class = ReinforcePlusPlusConfig if algorithm in REINFORCE_PLUS_PLUS else BaselineConfig
+    config_class = (
+        reinforce_plus_plus().ReinforcePlusPlusConfig if algorithm in REINFORCE_PLUS_PLUS else BaselineConfig
+    )
     values = {f.name: getattr(args, f.name) for f in fields(config_class) if f.init and hasattr(args, f.name)}
     values["generation_batch_size"] = None  # derived again from steps_per_generation
     values.update(preset)
@@ -219,8 +240,10 @@ def main(script_args: MathScriptArguments, training_args: RPGConfig, model_args:
         trainer_cls = BaselineTrainer
         name = f"{script_args.algorithm.upper()} {BASELINES[script_args.algorithm]}"
         if script_args.algorithm in REINFORCE_PLUS_PLUS:
-            trainer_cls = ReinforcePlusPlusBaselineTrainer
-            name = f"{BASELINE_NAMES[args.advantage_estimator]} {BASELINES[script_args.algorithm]}"
+            trainer_cls = reinforce_plus_plus_trainer()
+            name = (
+                f"{reinforce_plus_plus().BASELINE_NAMES[args.advantage_estimator]} {BASELINES[script_args.algorithm]}"
+            )
     trainer = trainer_cls(
         model=model_args.model_name_or_path,
         reward_funcs=reward_funcs,

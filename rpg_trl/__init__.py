@@ -51,7 +51,7 @@ __all__ = [
     "rpg_loss",
     "rpg_per_token_loss",
 ]
-# On a TRL older than the asynchronous trainer needs (rpg_trl.trl_surface.ASYNC_TRL), `from rpg_trl import *` leaves its
+# On a TRL older than the asynchronous trainer needs (rpg_trl.trl_release.ASYNC_TRL), `from rpg_trl import *` leaves its
 # names out rather than raising the ImportError that `rpg_trl.AsyncRPGTrainer` raises there, naming the release it needs.
 # The installed release is read from the package metadata: importing TRL takes seconds.
 
@@ -61,7 +61,7 @@ def _without_async_names(names: list[str]) -> list[str]:
 
     from packaging.version import Version
 
-    from .trl_surface import ASYNC_TRL
+    from .trl_release import ASYNC_TRL
 
     try:
         installed = Version(version("trl"))

@@ -409,8 +409,8 @@ def generate_with_dynamic_sampling(
 @dataclass
 class DynamicSamplingArguments:
     """The configuration fields of DAPO dynamic sampling (Yu et al., 2025; the paper's runs, Sec. 5), as a mixin of a
-    `GRPOConfig` subclass. Shared by [`~rpg_trl.RPGConfig`], [`~rpg_trl.reinforce_plus_plus.ReinforcePlusPlusConfig`]
-    and the baseline configurations of the project's math example (`rpg_math.py`); [`~rpg_trl.RPGTrainer`] and
+    `GRPOConfig` subclass. Shared by [`~rpg_trl.RPGConfig`], the REINFORCE++ baselines of the project's research
+    package and the baseline configurations of the project's math example (`rpg_math.py`); [`~rpg_trl.RPGTrainer`] and
     [`DynamicSamplingMixin`] read them."""
 
     dynamic_sampling: bool = field(

@@ -1,4 +1,4 @@
-"""The configurations (`rpg_trl/config.py`, `AsyncRPGConfig`, `ReinforcePlusPlusConfig`): the paper's defaults, the
+"""The configurations (`rpg_trl/config.py`, `AsyncRPGConfig`): the paper's defaults, the
 values derived when the configuration is built, and one table of the invalid values and combinations that each refuses
 when it is built, with a message that names the field (docs/guarantees.md, "What is checked at configuration time")."""
 
@@ -16,7 +16,6 @@ import rpg_trl.dynamic_sampling
 from rpg_trl import RPGConfig
 from rpg_trl.config import KLControlArguments, OnPolicyKLWarning, RPGLossArguments
 from rpg_trl.dynamic_sampling import DynamicSamplingArguments
-from rpg_trl.reinforce_plus_plus import ReinforcePlusPlusConfig
 from rpg_trl.reliability.config import ReliabilityArguments
 from rpg_trl.testing import build_char_tokenizer
 from rpg_trl.testing.runs import PROMPTS, count_sevens, tiny_run_args
@@ -181,13 +180,6 @@ INVALID_CONFIGS = [
     (AsyncRPGConfig, dict(kl_horizon=100.0), "`kl_horizon` sets the adaptive KL coefficient, which only acts with"),
     (AsyncRPGConfig, dict(kl_beta_min=1e-6), "`kl_beta_min` sets the adaptive KL coefficient, which only acts with"),
     (AsyncRPGConfig, dict(kl_beta_max=1.0), "`kl_beta_max` sets the adaptive KL coefficient, which only acts with"),
-    # REINFORCE++ (a baseline of the paper)
-    (ReinforcePlusPlusConfig, dict(advantage_estimator="rloo"), "`advantage_estimator` must be one of"),
-    (ReinforcePlusPlusConfig, dict(kl_penalty="both"), "`kl_penalty` must be one of ['reward', 'loss']"),
-    (ReinforcePlusPlusConfig, dict(kl_estimator="k4"), "`kl_estimator` must be one of ['k1', 'k2', 'k3']"),
-    (ReinforcePlusPlusConfig, dict(gamma=1.5), "`gamma` must be a number in [0, 1]; got 1.5"),
-    (ReinforcePlusPlusConfig, dict(dynamic_sampling_max_rounds=0), "`dynamic_sampling_max_rounds` must be"),
-    (ReinforcePlusPlusConfig, dict(multi_objective_aggregation="normalize_then_sum"), "`multi_objective_aggregation`"),
 ]
 
 
@@ -212,7 +204,6 @@ def test_invalid_config_is_rejected_at_construction_naming_the_field(config_clas
         # A switch, and a reward function's name (checked against the reward functions by the trainer).
         (RPGConfig, GRPOConfig, {"dynamic_sampling", "dynamic_sampling_metric"}),
         pytest.param(AsyncRPGConfig, AsyncGRPOConfig, set(), marks=needs_async_trl),
-        (ReinforcePlusPlusConfig, GRPOConfig, {"dynamic_sampling", "dynamic_sampling_metric"}),
     ],
 )
 def test_every_rpg_field_with_a_check_has_a_row_and_the_defaults_are_valid(config_class, base, exempt):
@@ -412,12 +403,11 @@ def test_the_reliability_fields_are_one_arguments_class_that_both_rpg_configurat
 
 
 def test_each_arguments_class_lives_beside_what_it_configures_and_the_old_import_still_works():
-    """`DynamicSamplingArguments` is declared in `rpg_trl.dynamic_sampling` (REINFORCE++ takes it from there, not
-    from the RPG configuration), and `from rpg_trl.config import DynamicSamplingArguments` still gives that class."""
+    """`DynamicSamplingArguments` is declared in `rpg_trl.dynamic_sampling` (the research package's REINFORCE++ takes
+    it from there, not from the RPG configuration), and `from rpg_trl.config import DynamicSamplingArguments` still gives that class."""
     assert DynamicSamplingArguments.__module__ == "rpg_trl.dynamic_sampling"
     assert rpg_trl.config.DynamicSamplingArguments is rpg_trl.dynamic_sampling.DynamicSamplingArguments
     assert ReliabilityArguments.__module__ == "rpg_trl.reliability.config"
-    assert issubclass(ReinforcePlusPlusConfig, DynamicSamplingArguments)
     assert issubclass(RPGConfig, DynamicSamplingArguments)
 
 

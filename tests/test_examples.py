@@ -240,9 +240,10 @@ def test_baselines_share_everything_but_the_loss_with_rpg():
     from rpg_trl.dynamic_sampling import DynamicSamplingMixin
     from rpg_trl.reliability import ReliabilityMixin
 
-    for trainer in (rpg_math.MathRPGTrainer, rpg_math.BaselineTrainer, rpg_math.ReinforcePlusPlusBaselineTrainer):
+    # REINFORCE++ (the research package's): research/tests/test_reinforce_plus_plus.py
+    for trainer in (rpg_math.MathRPGTrainer, rpg_math.BaselineTrainer):
         assert issubclass(trainer, ReliabilityMixin) and issubclass(trainer, DynamicSamplingMixin), trainer
-    for config in (rpg_math.RPGConfig, rpg_math.BaselineConfig, rpg_math.ReinforcePlusPlusConfig):
+    for config in (rpg_math.RPGConfig, rpg_math.BaselineConfig):
         assert {"dynamic_sampling", "dynamic_sampling_max_rounds", "dynamic_sampling_metric"} <= set(
             config.__dataclass_fields__
         )
@@ -277,38 +278,17 @@ def test_baselines_train_with_trl_losses(assets, tmp_path, algorithm, loss_type)
     assert (tmp_path / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize(
-    "algorithm, estimator", [("rfpp", "reinforce_plus_plus"), ("rfppb", "reinforce_plus_plus_baseline")]
-)
-def test_reinforce_plus_plus_baselines_train(assets, tmp_path, algorithm, estimator):
-    """--algorithm rfpp / rfppb: REINFORCE++(-Baseline) with the KL to the initial model in the reward, dynamic
-    sampling included (rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer)."""
-    parser = rpg_math.make_parser()
-    args = parser.parse_args_and_config(
-        _train_args(
-            assets,
-            tmp_path,
-            "--algorithm",
-            algorithm,
-            "--per_device_train_batch_size",
-            "8",
-            "--max_steps",
-            "1",
-            "--eval_strategy",
-            "no",
-            "--epsilon_high",
-            "0.2",
-            "--beta",
-            "0.01",
-        )
+def test_the_reinforce_plus_plus_baselines_without_the_research_package_are_refused_naming_it(monkeypatch):
+    """--algorithm rfpp and rfppb train the research package's REINFORCE++ (its own tests train them through this
+    script: research/tests/test_reinforce_plus_plus.py); without that package, the script names it and how to install
+    it, when the baseline is chosen, not when the script is imported."""
+    monkeypatch.setitem(sys.modules, "rpg_research", None)  # `from rpg_research import ...` raises ImportError
+    with pytest.raises(ImportError) as refused:
+        rpg_math.reinforce_plus_plus()
+    assert str(refused.value) == (
+        "--algorithm rfpp and rfppb train the REINFORCE++ baselines of rpg_trl's research package, which is not "
+        "installed: `pip install -e ./research` in a clone of rpg_trl."
     )
-    config = rpg_math.baseline_config(args[1], algorithm)
-    assert type(config).__name__ == "ReinforcePlusPlusConfig"
-    assert (config.advantage_estimator, config.kl_penalty, config.beta) == (estimator, "reward", 0.01)
-    assert config.dynamic_sampling and (config.epsilon, config.epsilon_high) == (0.2, 0.2)
-    if algorithm == "rfpp":  # one run end to end (both estimators train in tests/test_reinforce_plus_plus.py)
-        rpg_math.main(*args)
-        assert (tmp_path / "model.safetensors").is_file()
 
 
 # --------------------------------------------------------------------------------------------------------- evaluation

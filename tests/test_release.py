@@ -61,7 +61,7 @@ def test_the_readme_names_setup_cfgs_trl_window():
     window = _trl_window()
     install = (ROOT / "README.md").read_text().split("## Install", 1)[1].split("\n## ", 1)[0]
     assert re.fullmatch(r"trl>=\d+\.\d+\.\d+,<\d+\.\d+", window), window  # a floor and a ceiling, no pin
-    assert f"`{window}`" in install and "rpg_trl/trl_surface.py" in install
+    assert f"`{window}`" in install and "tests/helpers/trl_surface.py" in install
 
 
 def test_the_trl_floor_is_the_release_ci_tests_and_ci_runs_it():

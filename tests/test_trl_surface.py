@@ -1,5 +1,5 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""TRL's private surface (`rpg_trl.trl_surface`): every private TRL/transformers name the library relies on is where the
+"""TRL's private surface (the table of tests/helpers/trl_surface.py): every private TRL/transformers name the library relies on is where the
 table says in the installed TRL (its entries for that release: the library supports a window of TRL releases), the
 check reports each kind of move, and the table is complete (every private name of TRL's trainers that the library
 touches, and every batch key it reads, is listed). After a TRL upgrade, the first test lists what moved
@@ -15,32 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from rpg_trl import trl_surface
-from rpg_trl.trl_surface import (
-    ASYNC_GRPO,
-    ASYNC_TRL,
-    GRPO,
-    PRIVATE_SURFACE,
-    TRL_WINDOW,
-    PrivateName,
-    check_private_surface,
-    in_trl_window,
-    installed_trl_release,
-)
+from rpg_trl import trl_release
+from rpg_trl.trl_release import ASYNC_TRL, TRL_WINDOW, in_trl_window, installed_trl_release
 
 from helpers.trl_release import async_trl_missing, needs_async_trl
+from helpers.trl_surface import ASYNC_GRPO, GRPO, PRIVATE_SURFACE, PrivateName, check_private_surface
 
 
 PACKAGE = Path(__file__).resolve().parent.parent / "rpg_trl"
-#: Batch keys the library itself puts into the batch (REINFORCE++'s scores and KL); every other key it reads is TRL's.
-OWN_BATCH_KEYS = {"rfpp_kl", "rfpp_scores"}
 #: Names of the dicts that hold a batch in the library's code.
 BATCH_NAMES = {"inputs", "batch", "generation_batch"}
 
 
 def _library_files() -> list[Path]:
-    # The library, without the table itself (which names everything it lists).
-    return sorted(p for p in PACKAGE.rglob("*.py") if p.name != "trl_surface.py")
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 def test_the_installed_trl_has_every_private_name_the_library_relies_on():
@@ -125,7 +113,7 @@ def test_the_table_lists_every_private_trl_name_the_library_touches():
     listed = {e.name for e in PRIVATE_SURFACE if e.kind != "batch key"}
     touched = _library_private_names()
     missing = {name: sorted(modules) for name, modules in touched.items() if name in trl_names and name not in listed}
-    assert missing == {}, "private TRL/transformers names used but not in rpg_trl.trl_surface.PRIVATE_SURFACE"
+    assert missing == {}, "private TRL/transformers names used but not in helpers.trl_surface.PRIVATE_SURFACE"
     stale = sorted(name for name in listed - set(touched) if name.startswith("_") and name != "__init__")
     assert stale == [], "names in PRIVATE_SURFACE that the library no longer uses"
 
@@ -183,8 +171,8 @@ def test_the_table_lists_every_batch_key_the_library_reads():
     keys = _batch_keys_read()
     assert {"old_per_token_logps", "importance_sampling_ratio", "token_index", "shift_labels"} <= set(keys)
     listed = {e.name for e in PRIVATE_SURFACE if e.kind == "batch key"}
-    missing = {k: sorted(m) for k, m in keys.items() if k not in listed and k not in OWN_BATCH_KEYS}
-    assert missing == {}, "batch keys read but not in rpg_trl.trl_surface.PRIVATE_SURFACE"
+    missing = {k: sorted(m) for k, m in keys.items() if k not in listed}  # every key the library reads is TRL's
+    assert missing == {}, "batch keys read but not in helpers.trl_surface.PRIVATE_SURFACE"
 
 
 @needs_async_trl
@@ -252,7 +240,7 @@ def test_the_async_trainer_refuses_a_trl_older_than_it_needs_naming_both_release
     """Importing `rpg_trl.async_rpg` (AsyncRPGTrainer, AsyncRPGConfig) with a TRL older than 1.16 raises an ImportError
     that names the release it needs, the installed one and the install command (setup.cfg's window from 1.16), before
     it imports `trl.experimental` (which TRL 1.14 cannot import without aiohttp); `import rpg_trl` is unaffected."""
-    monkeypatch.setattr(trl_surface, "installed_trl_release", lambda: release)
+    monkeypatch.setattr(trl_release, "installed_trl_release", lambda: release)
     monkeypatch.delitem(sys.modules, "rpg_trl.async_rpg", raising=False)
     with pytest.raises(ImportError) as error:
         importlib.import_module("rpg_trl.async_rpg")
@@ -261,8 +249,8 @@ def test_the_async_trainer_refuses_a_trl_older_than_it_needs_naming_both_release
         f'later, and the installed TRL is {release}: `pip install "trl>=1.16.0,<1.17"`. RPGTrainer and RPGConfig run '
         "on the installed TRL."
     )
-    monkeypatch.setattr(trl_surface, "installed_trl_release", lambda: "1.16.0")
-    trl_surface.require_async_trl()  # 1.16 serves
+    monkeypatch.setattr(trl_release, "installed_trl_release", lambda: "1.16.0")
+    trl_release.require_async_trl()  # 1.16 serves
 
 
 @pytest.mark.parametrize("release, has_async", [("1.14.2", False), ("1.15.0", False), ("1.16.0", True)])

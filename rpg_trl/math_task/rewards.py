@@ -48,6 +48,7 @@ from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from functools import lru_cache
 
+
 # math-verify is the `math` extra's (`pip install "rpg_trl[math]"`): without it the module imports, and
 # [`accuracy_reward`] refuses to score, naming the extra (as TRL's own accuracy reward checks it at use).
 try:

@@ -7,8 +7,9 @@ research package beside the library (`research/rpg_research`, which uses it: `te
   [`save_tiny_model`]: a model directory that loads by path like a Hub id).
 * `training`: the activation-checkpointing argument in the installed transformers' spelling
   ([`no_activation_checkpointing`]) and deterministic rollouts that replace generation ([`make_fixed_rollout`]).
-* `runs`: a short, quiet RPG run on a tiny model ([`make_trainer`], [`tiny_run_args`], [`PROMPTS`], [`count_sevens`])
-  and an off-policy batch that feeds the loss directly ([`fixed_inputs`]).
+* `runs`: a short, quiet RPG run on a tiny model ([`make_trainer`], [`tiny_run_args`], [`PROMPTS`], [`count_sevens`]),
+  an off-policy batch that feeds the loss directly ([`fixed_inputs`]), the model and data of a math-task run
+  ([`save_math_assets`]).
 * `cpu_rollouts`: a rollout worker and CPU attention that run [`AsyncRPGTrainer`] without a vLLM server or a GPU
   ([`LocalRolloutWorker`], [`cpu_backend`]).
 * `pytest_plugin`: the set-up of a test session (offline, the processes the tests start ended with pytest, the fast
@@ -35,6 +36,7 @@ _LAZY = {
     "fixed_inputs": ".runs",
     "make_trainer": ".runs",
     "quiet_cpu_args": ".runs",
+    "save_math_assets": ".runs",
     "tiny_run_args": ".runs",
     # the asynchronous trainer on a CPU
     "LocalRolloutWorker": ".cpu_rollouts",

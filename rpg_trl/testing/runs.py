@@ -2,15 +2,18 @@
 """Short RPG runs on a CPU with a tiny local Qwen3 ([`rpg_trl.testing.models`]), for the library's tests and a user's
 tests of an RPG set-up: the training arguments of a short, quiet run ([`tiny_run_args`]), its prompts and reward
 ([`PROMPTS`], [`count_sevens`]), the trainer itself ([`make_trainer`]) and a scored off-policy batch that feeds the
-loss directly ([`fixed_inputs`]).
+loss directly ([`fixed_inputs`]); the model and data of a math-task run ([`save_math_assets`]).
 """
 
 from __future__ import annotations
 
+import json
+import string
+
 import torch
 from datasets import Dataset
 
-from .models import build_char_tokenizer
+from .models import build_char_tokenizer, save_tiny_model
 from .training import no_activation_checkpointing
 
 
@@ -100,3 +103,29 @@ def fixed_inputs(trainer, batch_size=8, completion_len=6, seed=0, spread=0.5):
         "ref_per_token_logps": logps + noise(),
         "num_items_in_batch": completion_mask.sum(),
     }
+
+
+def save_math_assets(root) -> dict:
+    """The inputs of a run of the math task (`rpg_trl.math_task`: the paper's prompt, `problem`/`question` and
+    `answer` columns, as the project's example `rpg_math.py` reads them), written under the folder `root` (a
+    `pathlib.Path`): a tiny Qwen3 whose character tokenizer covers the paper's prompt (`model`), 24 "What is a+b?" training problems (`train.jsonl`) and 4 "What is a*2?"
+    evaluation problems (`tiny_eval.jsonl`). Returns their paths by those names (the tiny model answers wrong; fine)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    tokenizer = build_char_tokenizer(string.printable)
+    # One token per character, newlines included (the prompt has blank lines).
+    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    model = save_tiny_model(root / "model", tokenizer=tokenizer, max_position_embeddings=512)
+    train = root / "train.jsonl"
+    train.write_text(
+        "".join(
+            json.dumps({"problem": f"What is {a}+{b}?", "answer": str(a + b)}) + "\n"
+            for a in range(1, 9)
+            for b in range(1, 4)
+        )
+    )
+    evaluation = root / "tiny_eval.jsonl"
+    evaluation.write_text(
+        "".join(json.dumps({"question": f"What is {a}*2?", "answer": str(2 * a)}) + "\n" for a in range(1, 5))
+    )
+    return {"root": root, "model": model, "train": str(train), "eval": str(evaluation)}

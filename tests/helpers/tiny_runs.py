@@ -2,9 +2,7 @@
 trainer and the off-policy batch of the library's testing package (`rpg_trl.testing.runs`, importable from here too),
 and the checks and assets of the library's own tests."""
 
-import json
 import logging
-import string
 
 import torch
 
@@ -16,35 +14,9 @@ from rpg_trl.testing.runs import (  # noqa: F401
     make_trainer,
     policy_logps,
     quiet_cpu_args,
+    save_math_assets,
     tiny_run_args,
 )
-
-
-def save_math_assets(root) -> dict:
-    """The inputs of `examples/rpg_math.py` runs, written under the folder `root`: a tiny Qwen3 whose character tokenizer
-    covers the paper's prompt (`model`), 24 "What is a+b?" training problems (`train.jsonl`) and 4 "What is a*2?"
-    evaluation problems (`tiny_eval.jsonl`). Returns their paths by those names (the tiny model answers wrong; fine)."""
-    from tokenizers import Regex, pre_tokenizers
-
-    from rpg_trl.testing import build_char_tokenizer, save_tiny_model
-
-    tokenizer = build_char_tokenizer(string.printable)
-    # One token per character, newlines included (the prompt has blank lines).
-    tokenizer.backend_tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    model = save_tiny_model(root / "model", tokenizer=tokenizer, max_position_embeddings=512)
-    train = root / "train.jsonl"
-    train.write_text(
-        "".join(
-            json.dumps({"problem": f"What is {a}+{b}?", "answer": str(a + b)}) + "\n"
-            for a in range(1, 9)
-            for b in range(1, 4)
-        )
-    )
-    evaluation = root / "tiny_eval.jsonl"
-    evaluation.write_text(
-        "".join(json.dumps({"question": f"What is {a}*2?", "answer": str(2 * a)}) + "\n" for a in range(1, 5))
-    )
-    return {"root": root, "model": model, "train": str(train), "eval": str(evaluation)}
 
 
 def sevens_unless_even(completions, prompts, **kwargs):

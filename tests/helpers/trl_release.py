@@ -1,11 +1,11 @@
 """The tests of `rpg_trl.async_rpg` on a TRL older than it needs: the library supports a window of TRL releases
-(`rpg_trl.trl_surface.TRL_WINDOW`), and the asynchronous trainer only its releases from TRL 1.16 (`ASYNC_TRL`), so on
+(`rpg_trl.trl_release.TRL_WINDOW`), and the asynchronous trainer only its releases from TRL 1.16 (`ASYNC_TRL`), so on
 an older one (.ci/trl_floor) its tests skip with the library's own refusal as the reason. The skip is decided by the
 release alone (`require_async_trl`), never by an import that fails: a broken import on TRL 1.16 still fails."""
 
 import pytest
 
-from rpg_trl.trl_surface import require_async_trl
+from rpg_trl.trl_release import require_async_trl
 
 
 def async_trl_missing() -> str:

@@ -38,7 +38,7 @@ from .warm_start_bench import WARM_START_PRESETS, add_bench_parser, chosen, outp
 
 
 #: Algorithm name -> (trainer, configuration overrides). "grpo" runs TRL's GRPOTrainer, "rpg" runs RPGTrainer, "rfpp"
-#: runs `rpg_trl.reinforce_plus_plus.ReinforcePlusPlusTrainer`.
+#: runs `rpg_research.reinforce_plus_plus.ReinforcePlusPlusTrainer`.
 ALGORITHMS = {
     "GRPO": (
         "grpo",
@@ -401,8 +401,8 @@ def algorithm_job(spec: dict, run_dir: str) -> dict:
     `spec["diagnostics"]` asks for them."""
     from trl import GRPOConfig, GRPOTrainer
 
+    from rpg_research.reinforce_plus_plus import ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
     from rpg_trl.config import RPGConfig
-    from rpg_trl.reinforce_plus_plus import ReinforcePlusPlusConfig, ReinforcePlusPlusTrainer
     from rpg_trl.trainer import RPGTrainer
 
     from ..toy.training import rl_training_kwargs

@@ -1,13 +1,16 @@
-"""REINFORCE++ and REINFORCE++-Baseline (`rpg_trl.reinforce_plus_plus`): the advantages against hand computations,
+"""REINFORCE++ and REINFORCE++-Baseline (`rpg_research.reinforce_plus_plus`): the advantages against hand computations,
 and the trainer end to end on a tiny local model."""
 
 import math
+import re
 import statistics
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from rpg_trl.reinforce_plus_plus import (
+from rpg_research.reinforce_plus_plus import (
     KL_ESTIMATORS,
     ReinforcePlusPlusConfig,
     ReinforcePlusPlusTrainer,
@@ -15,8 +18,7 @@ from rpg_trl.reinforce_plus_plus import (
     outcome_scores,
     reinforce_plus_plus_advantages,
 )
-
-from helpers.tiny_runs import PROMPTS, tiny_run_args
+from rpg_trl.testing import PROMPTS, tiny_run_args
 
 
 def whitened(values):
@@ -180,3 +182,119 @@ def test_trainer_puts_k1_to_the_reference_in_the_reward(tiny_model_dir, tmp_path
     expected = reinforce_plus_plus_advantages(scores, mask, kl=k1, kl_coef=0.5)
     assert torch.allclose(batch["advantages"], expected, atol=1e-4)
     assert not torch.allclose(batch["advantages"], reinforce_plus_plus_advantages(scores, mask), atol=1e-3)
+
+
+# ------------------------------------------------------------------------------------------------------ configuration
+COMMON = dict(output_dir="unused", use_cpu=True, report_to="none")
+
+#: (fields, the start of the message: the field it names in backticks, then what it says)
+INVALID_CONFIGS = [
+    (dict(advantage_estimator="rloo"), "`advantage_estimator` must be one of"),
+    (dict(kl_penalty="both"), "`kl_penalty` must be one of ['reward', 'loss']"),
+    (dict(kl_estimator="k4"), "`kl_estimator` must be one of ['k1', 'k2', 'k3']"),
+    (dict(gamma=1.5), "`gamma` must be a number in [0, 1]; got 1.5"),
+    (dict(dynamic_sampling_max_rounds=0), "`dynamic_sampling_max_rounds` must be"),
+    (dict(multi_objective_aggregation="normalize_then_sum"), "`multi_objective_aggregation`"),
+]
+
+
+def _field(fragment: str) -> str:
+    return re.match(r"`(\w+)", fragment).group(1)
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment", INVALID_CONFIGS, ids=[f"{i:02d}-{_field(m)}" for i, (_, m) in enumerate(INVALID_CONFIGS)]
+)
+def test_invalid_config_is_rejected_at_construction_naming_the_field(overrides, fragment):
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        ReinforcePlusPlusConfig(**COMMON, **overrides)
+
+
+def test_every_field_with_a_check_has_a_row_and_the_defaults_are_valid():
+    """Every field REINFORCE++ adds to GRPOConfig is refused with a message when invalid (a row above), except the
+    dynamic-sampling switch and its metric (a reward function's name, checked by the trainer); the dynamic-sampling
+    fields are the library's (`rpg_trl.dynamic_sampling.DynamicSamplingArguments`, as RPGConfig's); the defaults are
+    valid."""
+    from trl import GRPOConfig
+
+    from rpg_trl.dynamic_sampling import DynamicSamplingArguments
+
+    own_fields = set(ReinforcePlusPlusConfig.__dataclass_fields__) - set(GRPOConfig.__dataclass_fields__)
+    assert own_fields - {_field(m) for _, m in INVALID_CONFIGS} == {"dynamic_sampling", "dynamic_sampling_metric"}
+    assert issubclass(ReinforcePlusPlusConfig, DynamicSamplingArguments)
+    ReinforcePlusPlusConfig(**COMMON)
+
+
+# --------------------------------------------------- the project's example script: --algorithm rfpp and rfppb
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+@pytest.fixture(scope="module")
+def rpg_math():
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        import rpg_math
+
+        yield rpg_math
+    finally:
+        sys.path.remove(str(EXAMPLES))
+
+
+def test_the_examples_reinforce_plus_plus_baseline_shares_everything_but_the_loss_with_rpg(rpg_math):
+    """The example's REINFORCE++ trainer has RPGTrainer's parts around the loss (the library's mixins), and its
+    configuration the dynamic-sampling fields."""
+    from rpg_trl.dynamic_sampling import DynamicSamplingMixin
+    from rpg_trl.reliability import ReliabilityMixin
+
+    trainer = rpg_math.reinforce_plus_plus_trainer()
+    assert issubclass(trainer, ReliabilityMixin) and issubclass(trainer, DynamicSamplingMixin)
+    assert issubclass(trainer, ReinforcePlusPlusTrainer) and issubclass(trainer, rpg_math.PerBenchmarkEvalMetrics)
+    assert {"dynamic_sampling", "dynamic_sampling_max_rounds", "dynamic_sampling_metric"} <= set(
+        ReinforcePlusPlusConfig.__dataclass_fields__
+    )
+
+
+@pytest.mark.parametrize(
+    "algorithm, estimator", [("rfpp", "reinforce_plus_plus"), ("rfppb", "reinforce_plus_plus_baseline")]
+)
+def test_the_examples_reinforce_plus_plus_baselines_train(rpg_math, tmp_path, algorithm, estimator):
+    """--algorithm rfpp / rfppb of examples/rpg_math.py: REINFORCE++(-Baseline) with the KL to the initial model in
+    the reward, dynamic sampling included (the research package's ReinforcePlusPlusTrainer)."""
+    from rpg_trl.testing import no_activation_checkpointing, save_math_assets
+
+    assets = save_math_assets(tmp_path / "assets")
+    out = tmp_path / "out"
+    flags = {
+        "--model_name_or_path": assets["model"],
+        "--train_dataset": assets["train"],
+        "--eval_datasets": assets["eval"],
+        "--output_dir": str(out),
+        "--algorithm": algorithm,
+        "--num_generations": "4",
+        "--steps_per_generation": "2",
+        "--per_device_train_batch_size": "8",
+        "--max_steps": "1",
+        "--max_completion_length": "16",
+        "--overlong_buffer": "16",
+        "--dynamic_sampling_max_rounds": "3",
+        "--learning_rate": "1e-3",
+        "--eval_strategy": "no",
+        "--epsilon_high": "0.2",
+        "--beta": "0.01",
+        "--use_cpu": "true",
+        "--report_to": "none",
+        "--save_strategy": "no",
+        "--logging_steps": "1",
+        "--disable_tqdm": "true",
+        f"--{next(iter(no_activation_checkpointing()))}": "false",  # activation_checkpointing where it exists
+    }
+    args = rpg_math.make_parser().parse_args_and_config(
+        [*(item for pair in flags.items() for item in pair), "--dynamic_sampling"]
+    )
+    config = rpg_math.baseline_config(args[1], algorithm)
+    assert type(config) is ReinforcePlusPlusConfig
+    assert (config.advantage_estimator, config.kl_penalty, config.beta) == (estimator, "reward", 0.01)
+    assert config.dynamic_sampling and (config.epsilon, config.epsilon_high) == (0.2, 0.2)
+    if algorithm == "rfpp":  # one run end to end (both estimators train above, with the trainer alone)
+        rpg_math.main(*args)
+        assert (out / "model.safetensors").is_file()

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 import torch
 from trl import GRPOConfig, GRPOTrainer
 
-from .dynamic_sampling import DynamicSamplingArguments, DynamicSamplingMixin, weighted_reward_sum
-from .reliability import ReliabilityMixin
+from rpg_trl.dynamic_sampling import DynamicSamplingArguments, DynamicSamplingMixin, weighted_reward_sum
+from rpg_trl.reliability import ReliabilityMixin
 
 
 __all__ = [

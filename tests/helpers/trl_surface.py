@@ -1,19 +1,20 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""TRL's and transformers' private surface that the library relies on, in one table, and the check of it.
+"""TRL's and transformers' private surface that the library relies on, in one table, and the check of it (the tests'
+own: tests/test_trl_surface.py runs it; the library itself needs only its supported releases, `rpg_trl.trl_release`).
 
 `RPGTrainer` subclasses TRL's `GRPOTrainer` and `AsyncRPGTrainer` TRL's `AsyncGRPOTrainer`, as TRL's own experimental
 trainers do (GMPO, SDPO, ...): the loss, the batch and a few checkpoint steps are reached through private methods,
 attributes and batch keys, which a TRL release may rename without notice. [`PRIVATE_SURFACE`] lists every one of them
 with what the library does with it; [`check_private_surface`] compares the table with the installed TRL and
-transformers and returns what moved. The project's tests run it, and also check that the table is complete
+transformers and returns what moved. tests/test_trl_surface.py runs it, and also checks that the table is complete
 (every private name of TRL's trainers that the library touches, and every batch key it reads, is listed).
 
-The library supports a window of TRL releases (``trl>=1.14.2,<1.17`` in ``setup.cfg``, [`TRL_WINDOW`]), and the table
+The library supports a window of TRL releases (``trl>=1.14.2,<1.17`` in ``setup.cfg``,
+`rpg_trl.trl_release.TRL_WINDOW`), and the table
 is written for each of them: an entry that a release of the window has otherwise, or lacks, says for which releases it
 holds (`releases`: the asynchronous trainer's names from TRL 1.16, [`ASYNC_TRL`]), and the check compares the installed
-TRL with the entries of its own release. Before widening the window to a new release: install it, run the project's
-tests of this table (or [`check_private_surface`] alone), and go through what they list (docs: *Design of the RPG loss
-in rpg_trl*, "Bumping TRL").
+TRL with the entries of its own release. Before widening the window to a new release: install it, run
+tests/test_trl_surface.py, and go through what it lists (docs/design.md, "Bumping TRL").
 
 Why private overrides rather than public hooks: TRL 1.16 has no public hook for the loss (`_compute_loss` is what
 `compute_loss` delegates to, and what TRL's own experimental trainers override), for the generated batch
@@ -34,12 +35,8 @@ from dataclasses import dataclass
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
+from rpg_trl.trl_release import ASYNC_TRL, TRL_WINDOW, in_trl_window, installed_trl_release
 
-#: The TRL releases the library supports and the table is written for (``setup.cfg``'s ``trl>=1.14.2,<1.17``).
-TRL_WINDOW = ">=1.14.2,<1.17"
-#: The first TRL release with what `rpg_trl.async_rpg` builds on (`trl.experimental.async_grpo`'s packed stream and
-#: tree attention, new in TRL 1.16): AsyncRPGTrainer and AsyncRPGConfig refuse an older one ([`require_trl`]).
-ASYNC_TRL = "1.16.0"
 
 GRPO = "trl.GRPOTrainer"
 ASYNC_GRPO = "trl.experimental.async_grpo.AsyncGRPOTrainer"
@@ -84,7 +81,7 @@ def _keys(owner, used_in, names, note="", releases=""):
     return [PrivateName(owner, name, "batch key", used_in, (), note, releases) for name in names]
 
 
-_TRAINER_PY, _RFPP, _DS, _REL = "trainer.py", "reinforce_plus_plus.py", "dynamic_sampling.py", "reliability/"
+_TRAINER_PY, _DS, _REL = "trainer.py", "dynamic_sampling.py", "reliability/"
 _ASYNC = "async_rpg/trainer.py"
 #: The entries of TRL's asynchronous trainer: `trl.experimental.async_grpo` as the library uses it is TRL 1.16's.
 _FROM_ASYNC_TRL = f">={ASYNC_TRL}"
@@ -106,10 +103,10 @@ _MULTIMODAL = (
 #: transformers 5.17 to 5.24).
 PRIVATE_SURFACE: tuple[PrivateName, ...] = (
     # ---- GRPOTrainer: the loss and the generated batch
-    *_methods(GRPO, "override", (_TRAINER_PY, _RFPP), "RPG's loss (Sec. 3, Tables 1 and 4) replaces GRPO's.",
+    *_methods(GRPO, "override", (_TRAINER_PY,), "RPG's loss (Sec. 3, Tables 1 and 4) replaces GRPO's.",
               _compute_loss=("model", "inputs")),
-    *_methods(GRPO, "override", (_DS, _RFPP, _REL),
-              "Dynamic sampling regenerates; REINFORCE++ recomputes advantages; non-finite vLLM log-probs counted.",
+    *_methods(GRPO, "override", (_DS, _REL),
+              "Dynamic sampling regenerates; non-finite vLLM log-probs counted.",
               _generate_and_score_completions=("inputs",)),
     *_methods(GRPO, "override", (_DS, _REL), "The reward guard; dynamic sampling keeps each round's rewards.",
               _calculate_rewards=("inputs", "prompts", "completions", "completion_ids_list")),
@@ -118,11 +115,11 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
                                      "has_tool_images")),
     *_methods(GRPO, "override", (_REL,), "Length checks on the batch; the generation state for exact resume.",
               _prepare_inputs=("generation_batch",)),
-    *_methods(GRPO, "call", (_TRAINER_PY, _RFPP), "The policy's log-probs and entropies, as GRPO computes them.",
+    *_methods(GRPO, "call", (_TRAINER_PY,), "The policy's log-probs and entropies, as GRPO computes them.",
               releases=">=1.15", _get_per_token_logps_and_entropies=(
                   "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
                   "compute_aux_loss", *_MULTIMODAL)),
-    *_methods(GRPO, "call", (_TRAINER_PY, _RFPP),
+    *_methods(GRPO, "call", (_TRAINER_PY,),
               "TRL 1.14 passes the same arguments on to `_full_logits_logps` (or, with Liger, `_chunked_logps`), "
               "whose parameters are those of 1.15's `_get_per_token_logps_and_entropies`.",
               releases="<1.15", _get_per_token_logps_and_entropies=("model", "args", "batch_size", "compute_aux_loss",
@@ -147,7 +144,7 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
               _remove_unused_columns=("dataset", "description"),
               _get_collator_with_removed_columns=("data_collator", "description")),
     # ---- GRPOTrainer's state
-    PrivateName(GRPO, "_metrics", "state", (_TRAINER_PY, _RFPP, _DS, "kl_control.py", "ref_sync/callback.py",
+    PrivateName(GRPO, "_metrics", "state", (_TRAINER_PY, _DS, "kl_control.py", "ref_sync/callback.py",
                                             "reliability/importance_weights.py", "reliability/kl_drift.py"),
                 note="mode -> metric -> list of values; GRPOTrainer.log averages and logs them."),
     PrivateName(GRPO, "_step", "state", ("reliability/generation_state.py",),
@@ -171,12 +168,11 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
                 "RPGTrainer builds GRPOTrainer with sync_ref_model = False and installs its own "
                 "RefModelSyncCallback."),
     # ---- the batch of GRPOTrainer._generate_and_score_completions, read by _compute_loss
-    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _RFPP, _DS), ("completion_ids",)),
-    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _RFPP, _DS, "reliability/importance_weights.py"),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _DS), ("completion_ids",)),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _DS, "reliability/importance_weights.py"),
            ("completion_mask", "tool_mask")),
-    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _RFPP),
-           ("prompt_ids", "prompt_mask", "advantages", "old_per_token_logps", "ref_per_token_logps"),
-           "REINFORCE++ replaces the advantages."),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY,),
+           ("prompt_ids", "prompt_mask", "advantages", "old_per_token_logps", "ref_per_token_logps")),
     *_keys(f"{GRPO}._generate_and_score_completions", ("reliability/checks.py",), ("prompt_mask",)),
     *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _DS), ("num_items_in_batch",),
            "Dynamic sampling recounts it for the batch it keeps."),
@@ -210,43 +206,6 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
            releases=_FROM_ASYNC_TRL),
 )
 # fmt: on
-
-
-def installed_trl_release() -> str:
-    """The release of the installed TRL ("1.16.0"), as `trl.__version__` gives it."""
-    import trl
-
-    return trl.__version__
-
-
-def in_trl_window(release: str) -> bool:
-    """Whether TRL `release` ("1.15.0") is one of [`TRL_WINDOW`]."""
-    return SpecifierSet(TRL_WINDOW).contains(Version(release), prereleases=True)
-
-
-def require_trl(minimum: str, what: str, instead: str = "") -> None:
-    """
-    Raise an `ImportError` when the installed TRL is older than `minimum`: the message names what needs it (`what`),
-    the release it needs and the installed one, the install command of a release that serves (the newest releases of
-    [`TRL_WINDOW`]), and `instead` (what works with the installed release).
-    """
-    installed = installed_trl_release()
-    if Version(installed) >= Version(minimum):
-        return
-    ceiling = ",".join(str(spec) for spec in SpecifierSet(TRL_WINDOW) if spec.operator in ("<", "<="))
-    raise ImportError(
-        f"{what} needs TRL {minimum} or later, and the installed TRL is {installed}: "
-        f'`pip install "trl>={minimum},{ceiling}"`.' + (f" {instead}" if instead else "")
-    )
-
-
-def require_async_trl() -> None:
-    """Refuse, with an `ImportError` naming both releases, a TRL older than [`ASYNC_TRL`] for `rpg_trl.async_rpg`."""
-    require_trl(
-        ASYNC_TRL,
-        "rpg_trl.async_rpg (AsyncRPGTrainer and AsyncRPGConfig, on trl.experimental.async_grpo)",
-        "RPGTrainer and RPGConfig run on the installed TRL.",
-    )
 
 
 def _resolve(dotted: str):

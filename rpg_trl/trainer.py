@@ -11,10 +11,11 @@ import torch
 from trl import GRPOTrainer
 from trl.trainer.utils import get_config_model_id
 
+from ._grpo_loss_steps import GRPOLossStepsMixin
 from .config import RPGConfig
 from .dynamic_sampling import DynamicSamplingMixin
 from .kl_control import AdaptiveKLCallback
-from .losses import aggregate_loss, rpg_per_token_loss
+from .losses import rpg_per_token_loss
 from .losses.surrogate import SEQUENCE_SUM_ROWS, TOKEN_MEAN_METRICS, diagnostic_metrics_of, sequence_sums
 from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
@@ -52,7 +53,12 @@ def _records(record, values: list[float]) -> list:
 
 
 class RPGTrainer(
-    ReliabilityMixin, DynamicSamplingMixin, ImportanceWeightMonitorMixin, KLDriftMonitorMixin, GRPOTrainer
+    ReliabilityMixin,
+    DynamicSamplingMixin,
+    ImportanceWeightMonitorMixin,
+    KLDriftMonitorMixin,
+    GRPOLossStepsMixin,
+    GRPOTrainer,
 ):
     """
     Trainer for Regularized Policy Gradient (RPG).
@@ -70,8 +76,10 @@ class RPGTrainer(
     [`~rpg_trl.reliability.importance_weights.ImportanceWeightMonitorMixin`] (a warning when importance weights
     explode), which [`~rpg_trl.async_rpg.AsyncRPGTrainer`] shares, and
     [`~rpg_trl.reliability.kl_drift.KLDriftMonitorMixin`] (a warning when the KL to a reference model stops holding
-    the policy). RPG's own methods: `_compute_loss` (RPG's per-token
-    loss, TRL's masks on the reward term, TRL's normalisers, entropy bonus and metrics), `_save_checkpoint` and
+    the policy), and `GRPOLossStepsMixin` (GRPOTrainer's own steps around its loss, which TRL computes inline: the
+    forward pass, the credit-assignment masks, the normaliser of each `loss_type`, the entropy bonus; pinned to TRL's
+    code by the parity tests). RPG's own methods: `_compute_loss` (those steps around RPG's per-token loss, and its
+    metrics), `_save_checkpoint` and
     `_load_optimizer_and_scheduler` (the synced reference of the paper's iterative reference update, Sec. 5,
     [`RefModelSyncCallback`]). With `kl_target`, [`~rpg_trl.kl_control.AdaptiveKLCallback`] sets β (`rpg_beta`) after
     every optimizer step from the KL that `_log_rpg_metrics` hands it.
@@ -142,65 +150,20 @@ class RPGTrainer(
         self.loss_spec = self.loss_spec.replace(beta=float(value))
 
     def _compute_loss(self, model, inputs):
-        args: RPGConfig = self.args
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
-        logits_to_keep = completion_ids.size(1)
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model,
-            input_ids,
-            attention_mask,
-            logits_to_keep,
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            pixel_values=inputs.get("pixel_values"),
-            image_grid_thw=inputs.get("image_grid_thw"),
-            num_images=inputs.get("num_images"),
-            pixel_attention_mask=inputs.get("pixel_attention_mask"),
-            spatial_shapes=inputs.get("spatial_shapes"),
-            num_tiles=inputs.get("num_tiles"),
-            image_sizes=inputs.get("image_sizes"),
-            token_type_ids=inputs.get("token_type_ids"),
-            mm_token_type_ids=inputs.get("mm_token_type_ids"),
-            image_position_ids=inputs.get("image_position_ids"),
-        )
-
+        mode = "train" if self.model.training else "eval"
+        logps, entropies, aux_loss, mask = self._policy_logps(model, inputs)
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
         # TRL skips `old_per_token_logps` when the step is on-policy; then π_old = π_θ (detached).
-        old_per_token_logps = inputs.get("old_per_token_logps")
-        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
-        ref_per_token_logps = inputs.get("ref_per_token_logps") if args.kl_anchor == "reference" else None
+        old_logps = inputs.get("old_per_token_logps")
+        old_logps = logps.detach() if old_logps is None else old_logps
+        ref_logps = inputs.get("ref_per_token_logps") if self.args.kl_anchor == "reference" else None
+        reward_mask, entropy_mask = self._credit_masks(logps, old_logps, entropies, advantages, mask, inputs)
 
-        # TRL's credit-assignment filters choose the tokens whose reward signal counts; as in GRPOTrainer, they act on
-        # the reward term only and the KL regulariser acts on every token.
-        entropy_mask = None
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-        reward_mask = entropy_mask
-        if self.off_policy_mask_threshold is not None:
-            off_policy_mask = self.get_off_policy_mask(
-                advantages=advantages,
-                per_token_logps=per_token_logps,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-                mask=mask,
-                off_policy_threshold=self.off_policy_mask_threshold,
-            )
-            reward_mask = off_policy_mask if reward_mask is None else reward_mask * off_policy_mask
-
+        # RPG's loss (Sec. 3, Tables 1 and 4), in place of GRPO's clipped surrogate and β·k3 term.
         per_token_loss, stats = rpg_per_token_loss(
-            per_token_logps,
-            old_per_token_logps,
-            advantages,
-            mask,
-            self.loss_spec,
-            ref_logps=ref_per_token_logps,
-            reward_mask=reward_mask,
+            logps, old_logps, advantages, mask, self.loss_spec, ref_logps=ref_logps, reward_mask=reward_mask
         )
         if self.use_vllm and self.vllm_importance_sampling_correction:
             # vLLM sampled the batch, and π_old (recomputed by the trainer) is not the sampler: both the reward term
@@ -210,80 +173,10 @@ class RPGTrainer(
             for key in ("reward_gradient_weight", "kl_gradient_weight"):  # the weights the gradient gets
                 stats[key] = stats[key] * inputs["importance_sampling_ratio"]
 
-        mode = "train" if self.model.training else "eval"
         loss_mask = mask.to(per_token_loss.dtype)
-        loss, policy_loss = self._aggregate(per_token_loss, loss_mask, inputs, mode)
-        if self._entropy_bonus_enabled:
-            effective_mask = mask if entropy_mask is None else mask * entropy_mask
-            loss = loss - self._entropy_bonus(entropies, effective_mask, mode)
-            self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
-        if self.aux_loss_enabled:
-            accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + self.router_aux_loss_coef * aux_loss / accumulation_factor
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-
+        loss = self._grpo_reduction(per_token_loss, mask, loss_mask, entropies, entropy_mask, aux_loss, inputs, mode)
         self._log_rpg_metrics(mode, stats, loss_mask, entropies)
         return loss
-
-    def _aggregate(self, per_token_loss, loss_mask, inputs, mode):
-        """Reduce the per-token loss with the normaliser of TRL's `loss_type` (GRPOTrainer._compute_loss, TRL 1.16),
-        so that RPG and GRPO losses are on the same scale; returns `(loss, policy_loss)` (the latter detached, before
-        the gradient-accumulation scaling, as GRPOTrainer logs it); `loss_mask` is the float mask of the loss's tokens.
-        GRPOTrainer computes these normalisers inside `_compute_loss` and exposes no method for them: this copy is
-        pinned to TRL's code, and checked against its values in training and evaluation, for each `loss_type`
-        (`test_loss_type_normalisers_and_masks_equal_grpo_trainer`, `test_evaluation_loss_equals_grpo_trainer`)."""
-        args: RPGConfig = self.args
-        accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        if args.loss_type == "dapo":
-            # The token count of the whole generation batch, rescaled to one micro-batch of one process, so that
-            # gradient accumulation and multi-process runs equal one large batch.
-            num_items = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                num_items = num_items * self.current_gradient_accumulation_steps / args.steps_per_generation
-            loss = aggregate_loss(per_token_loss, loss_mask, "token-mean", num_items)
-            return loss, loss.detach()
-        if args.loss_type == "bnpo":  # the token count of this micro-batch
-            loss = aggregate_loss(per_token_loss, loss_mask, "token-mean")
-        else:
-            loss = aggregate_loss(per_token_loss, loss_mask, args.aggregation, max_length=args.max_completion_length)
-        return loss / accumulation_factor, loss.detach()
-
-    def _entropy_bonus(self, entropies, effective_mask, mode):
-        """The entropy bonus `coef · H` to subtract from the loss, with TRL's static (`entropy_coef`) or adaptive
-        (`use_adaptive_entropy`) coefficient and GRPOTrainer's metrics (`entropy_coef`) and state.
-
-        `H` is the mean entropy of the tokens the policy term acts on, scaled for gradient accumulation only. The
-        adaptive controller applies, during a whole accumulation window, the coefficient (gated by the last measured
-        entropy) fixed at the end of the previous window, then moves it by `entropy_coef_delta` toward more bonus
-        when the window's entropy (summed over micro-batches and processes) is at or below `entropy_target`, and
-        toward less otherwise, within [`entropy_coef_min`, `entropy_coef_max`]. The coefficient and the last entropy
-        are saved in checkpoints by GRPOTrainer (`entropy_ctrl_state.json`). GRPOTrainer runs this controller inside
-        `_compute_loss` and exposes no method for it: this copy is pinned to TRL's code, and checked against its logged
-        values (`test_adaptive_entropy_controller_follows_grpo_trainer`).
-        """
-        args: RPGConfig = self.args
-        accumulation_factor = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        token_count = effective_mask.sum()
-        entropy_sum = (entropies * effective_mask).sum()
-        entropy = entropy_sum / token_count.clamp(min=1.0) / accumulation_factor
-        coef = self.entropy_coef
-        if self.use_adaptive_entropy and self._last_world_entropy > args.entropy_target:
-            coef = 0.0
-        if self.use_adaptive_entropy and mode == "train":
-            window = torch.stack([entropy_sum, token_count]).detach()
-            if self._entropy_window_stats is not None:
-                window = window + self._entropy_window_stats
-            self._entropy_window_stats = window
-            if self.accelerator.sync_gradients:  # the last micro-batch of the window: update for the next one
-                total = self.accelerator.reduce(window, reduction="sum")
-                world_entropy = (total[0] / total[1].clamp(min=1.0)).item()
-                step = args.entropy_coef_delta if world_entropy <= args.entropy_target else -args.entropy_coef_delta
-                self.entropy_coef = min(max(self.entropy_coef + step, args.entropy_coef_min), args.entropy_coef_max)
-                self._last_world_entropy = world_entropy
-                self._entropy_window_stats = None
-        if mode == "train" and self.accelerator.sync_gradients:
-            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
-        return coef * entropy
 
     def _log_rpg_metrics(self, mode, stats, fmask, entropies):
         """Log TRL-named metrics (`kl`, `entropy`, `clip_ratio/...`) and RPG's, reduced across processes (`fmask`: the

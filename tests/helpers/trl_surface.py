@@ -82,6 +82,8 @@ def _keys(owner, used_in, names, note="", releases=""):
 
 
 _TRAINER_PY, _DS, _REL = "trainer.py", "dynamic_sampling.py", "reliability/"
+#: GRPOTrainer._compute_loss's steps around the loss, which RPGTrainer keeps (rpg_trl/_grpo_loss_steps.py).
+_STEPS = "_grpo_loss_steps.py"
 _ASYNC = "async_rpg/trainer.py"
 #: The entries of TRL's asynchronous trainer: `trl.experimental.async_grpo` as the library uses it is TRL 1.16's.
 _FROM_ASYNC_TRL = f">={ASYNC_TRL}"
@@ -115,11 +117,11 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
                                      "has_tool_images")),
     *_methods(GRPO, "override", (_REL,), "Length checks on the batch; the generation state for exact resume.",
               _prepare_inputs=("generation_batch",)),
-    *_methods(GRPO, "call", (_TRAINER_PY,), "The policy's log-probs and entropies, as GRPO computes them.",
+    *_methods(GRPO, "call", (_STEPS,), "The policy's log-probs and entropies, as GRPO computes them.",
               releases=">=1.15", _get_per_token_logps_and_entropies=(
                   "model", "input_ids", "attention_mask", "logits_to_keep", "batch_size", "compute_entropy",
                   "compute_aux_loss", *_MULTIMODAL)),
-    *_methods(GRPO, "call", (_TRAINER_PY,),
+    *_methods(GRPO, "call", (_STEPS,),
               "TRL 1.14 passes the same arguments on to `_full_logits_logps` (or, with Liger, `_chunked_logps`), "
               "whose parameters are those of 1.15's `_get_per_token_logps_and_entropies`.",
               releases="<1.15", _get_per_token_logps_and_entropies=("model", "args", "batch_size", "compute_aux_loss",
@@ -144,17 +146,17 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
               _remove_unused_columns=("dataset", "description"),
               _get_collator_with_removed_columns=("data_collator", "description")),
     # ---- GRPOTrainer's state
-    PrivateName(GRPO, "_metrics", "state", (_TRAINER_PY, _DS, "kl_control.py", "ref_sync/callback.py",
+    PrivateName(GRPO, "_metrics", "state", (_TRAINER_PY, _STEPS, _DS, "kl_control.py", "ref_sync/callback.py",
                                             "reliability/importance_weights.py", "reliability/kl_drift.py"),
                 note="mode -> metric -> list of values; GRPOTrainer.log averages and logs them."),
     PrivateName(GRPO, "_step", "state", ("reliability/generation_state.py",),
                 note="Micro-batch counter that picks the buffered generation batch; restored on resume."),
     PrivateName(GRPO, "_buffered_inputs", "state", ("reliability/generation_state.py",),
                 note="The generation batch served over `steps_per_generation`; saved for an exact resume."),
-    PrivateName(GRPO, "_entropy_bonus_enabled", "state", (_TRAINER_PY,), note="Entropy bonus on or off."),
-    PrivateName(GRPO, "_entropy_window_stats", "state", (_TRAINER_PY,),
+    PrivateName(GRPO, "_entropy_bonus_enabled", "state", (_STEPS,), note="Entropy bonus on or off."),
+    PrivateName(GRPO, "_entropy_window_stats", "state", (_STEPS,),
                 note="The adaptive entropy controller's window, updated as GRPOTrainer._compute_loss does."),
-    PrivateName(GRPO, "_last_world_entropy", "state", (_TRAINER_PY,),
+    PrivateName(GRPO, "_last_world_entropy", "state", (_STEPS,),
                 note="The adaptive entropy controller's last entropy (saved by GRPOTrainer)."),
     *[PrivateName(GRPO, name, "class attribute", (_TRAINER_PY, _ASYNC), note="Model card: tags, name, paper.")
       for name in ("_tag_names", "_name", "_paper")],
@@ -168,18 +170,19 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
                 "RPGTrainer builds GRPOTrainer with sync_ref_model = False and installs its own "
                 "RefModelSyncCallback."),
     # ---- the batch of GRPOTrainer._generate_and_score_completions, read by _compute_loss
-    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _DS), ("completion_ids",)),
-    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _DS, "reliability/importance_weights.py"),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_STEPS, _DS), ("completion_ids",)),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_STEPS, _DS, "reliability/importance_weights.py"),
            ("completion_mask", "tool_mask")),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_STEPS,), ("prompt_ids", "prompt_mask")),
     *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY,),
-           ("prompt_ids", "prompt_mask", "advantages", "old_per_token_logps", "ref_per_token_logps")),
+           ("advantages", "old_per_token_logps", "ref_per_token_logps")),
     *_keys(f"{GRPO}._generate_and_score_completions", ("reliability/checks.py",), ("prompt_mask",)),
-    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, _DS), ("num_items_in_batch",),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_STEPS, _DS), ("num_items_in_batch",),
            "Dynamic sampling recounts it for the batch it keeps."),
     *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY,), ("importance_sampling_ratio",)),
-    *_keys(f"{GRPO}._generate_and_score_completions", (_TRAINER_PY, "reliability/importance_weights.py"),
+    *_keys(f"{GRPO}._generate_and_score_completions", (_STEPS, "reliability/importance_weights.py"),
            ("sampling_per_token_logps",), "Non-finite values (vLLM's NaN log-probs) are counted."),
-    *_keys(f"{GRPO}._compute_loss", (_TRAINER_PY,), _MULTIMODAL, "Passed on to the model as GRPOTrainer does."),
+    *_keys(f"{GRPO}._compute_loss", (_STEPS,), _MULTIMODAL, "Passed on to the model as GRPOTrainer does."),
     # ---- AsyncGRPOTrainer: the packed stream, its loss and its step accounting (TRL 1.16 on: _FROM_ASYNC_TRL)
     PrivateName(ASYNC_GRPO, "_metrics", "state", (_ASYNC,), note="mode -> metric -> list of values.",
                 releases=_FROM_ASYNC_TRL),

@@ -5,10 +5,10 @@ RPG's fields are declared once, in dataclass mixins that other configurations sh
 
 * [`RPGLossArguments`] (here): the loss (divergence, estimator, RPG-Style Clip, KL anchor, β); also used by the
   asynchronous trainer's configuration.
-* [`KLControlArguments`] (here): the adaptive KL coefficient ([`rpg_trl.kl_control`]); the asynchronous trainer's
-  configuration has its fields too, and refuses them.
-* [`~rpg_trl.dynamic_sampling.DynamicSamplingArguments`]: DAPO dynamic sampling; also used by the REINFORCE++
-  baseline and the baselines of the project's math example (`rpg_math.py`). Importable from here too.
+* [`~rpg_trl.kl_control.KLControlArguments`]: the adaptive KL coefficient; the asynchronous trainer's configuration
+  has its fields too, and refuses them. Importable from here too.
+* [`~rpg_trl.dynamic_sampling.DynamicSamplingArguments`]: DAPO dynamic sampling; also used by the research package's
+  REINFORCE++ baselines and the baselines of the project's math example (`rpg_math.py`). Importable from here too.
 * [`~rpg_trl.reliability.config.ReliabilityArguments`]: the reliability checks that both RPG trainers honour
   (importance-weight and KL-drift warnings, process-failure and vLLM request time-outs).
 * [`RPGConfig`] = all four + TRL's [`~trl.GRPOConfig`] + the aggregation, the reference sync and the reward time-out;
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
-from . import kl_control
 from .dynamic_sampling import DynamicSamplingArguments
+from .kl_control import KLControlArguments
 from .losses import (
     AGGREGATIONS,
     DEFAULT_KL_CLIP_MODE,
@@ -260,51 +260,6 @@ class RPGLossArguments:
                 f"`kl_anchor='reference'`{chosen} with `beta=0` would load a reference model that the loss never "
                 "uses. Set `beta > 0` (the paper uses 1e-4), or `kl_anchor='sampling'` without reference options."
             )
-
-
-@dataclass
-class KLControlArguments:
-    """A KL budget: the adaptive KL coefficient of Ziegler et al. (2019) ([`rpg_trl.kl_control`]), as verl
-    (`algorithm.kl_ctrl.type: adaptive`), OpenRLHF (`--kl_target`, `--kl_horizon`) and ROLL offer it. Shared by
-    [`RPGConfig`] and the asynchronous trainer's configuration (which refuses it)."""
-
-    kl_target: float | None = field(
-        default=None,
-        metadata={
-            "help": "Target δ of the adaptive KL coefficient. After each optimizer step β is multiplied by "
-            "1 + clip(KL/δ − 1, −0.2, 0.2)·n/kl_horizon (n: the samples of the step), where KL is RPG's "
-            "importance-weighted estimate of the chosen divergence (the logged `kl`, or `kl/sequence` with "
-            "kl_level='sequence'); `beta` is the initial β. None (default): a fixed β."
-        },
-    )
-    kl_horizon: float | None = field(
-        default=None,
-        metadata={
-            "help": "Horizon H of the adaptive KL coefficient, in samples: a persistent error e changes β by a factor "
-            "of about exp(e) over H samples. Only with kl_target; None (default) gives 10000 (verl's and OpenRLHF's "
-            "default)."
-        },
-    )
-    kl_beta_min: float | None = field(
-        default=None,
-        metadata={"help": "Floor of the adaptive β (> 0). Only with kl_target; None (default): no floor."},
-    )
-    kl_beta_max: float | None = field(
-        default=None,
-        metadata={"help": "Ceiling of the adaptive β. Only with kl_target; None (default): no ceiling."},
-    )
-
-    def check_kl_control_arguments(self) -> None:
-        """Validate the KL-budget fields ([`rpg_trl.kl_control.check_kl_control_arguments`]); `kl_horizon` None
-        becomes 10000 when `kl_target` is set."""
-        self.kl_horizon = kl_control.check_kl_control_arguments(
-            self.beta,
-            self.kl_target,
-            self.kl_horizon,
-            self.kl_beta_min,
-            self.kl_beta_max,
-            samples_per_step=self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size,
-        )
 
 
 @dataclass

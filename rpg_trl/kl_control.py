@@ -22,6 +22,7 @@ the batch was sampled by an older one (Sec. 3). It is the KL that the loss names
 micro-batches and all processes); with `kl_level="sequence"` `kl/sequence` (the whole-completion estimate, averaged
 over the step's completions), and the target is then a KL per completion.
 
+[`KLControlArguments`] holds the configuration's fields (`kl_target`, `kl_horizon`, `kl_beta_min`, `kl_beta_max`);
 [`AdaptiveKLController`] holds the rule and its state (plain Python, testable without a trainer);
 [`AdaptiveKLCallback`] runs it inside a `transformers` Trainer: it writes β into the trainer's loss specification
 (`trainer.rpg_beta`), which the loss reads at every micro-batch, logs `beta`, and exports its state to each checkpoint's
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass, field
 
 from transformers.utils import logging
 
@@ -39,7 +41,13 @@ from ._kl_callback import KLFedCallback, check_beta_bounds, load_attributes, rul
 from .losses.kl import CONTROLLED_KL, ControlledKL
 
 
-__all__ = ["KL_ERROR_CLIP", "AdaptiveKLCallback", "AdaptiveKLController", "check_kl_control_arguments"]
+__all__ = [
+    "KL_ERROR_CLIP",
+    "AdaptiveKLCallback",
+    "AdaptiveKLController",
+    "KLControlArguments",
+    "check_kl_control_arguments",
+]
 
 logger = logging.get_logger(__name__)
 
@@ -105,6 +113,52 @@ def check_kl_control_arguments(
             f"by 1 + e·{samples_per_step}/kl_horizon with e >= −{KL_ERROR_CLIP}, which must stay > 0; got {horizon!r}."
         )
     return horizon
+
+
+@dataclass
+class KLControlArguments:
+    """The configuration fields of a KL budget, the adaptive KL coefficient of Ziegler et al. (2019) (this module), as
+    verl (`algorithm.kl_ctrl.type: adaptive`), OpenRLHF (`--kl_target`, `--kl_horizon`) and ROLL offer it, as a mixin
+    of a `GRPOConfig` subclass. Shared by [`~rpg_trl.RPGConfig`] and the asynchronous trainer's configuration (which
+    refuses it); [`AdaptiveKLCallback`] reads them."""
+
+    kl_target: float | None = field(
+        default=None,
+        metadata={
+            "help": "Target δ of the adaptive KL coefficient. After each optimizer step β is multiplied by "
+            "1 + clip(KL/δ − 1, −0.2, 0.2)·n/kl_horizon (n: the samples of the step), where KL is RPG's "
+            "importance-weighted estimate of the chosen divergence (the logged `kl`, or `kl/sequence` with "
+            "kl_level='sequence'); `beta` is the initial β. None (default): a fixed β."
+        },
+    )
+    kl_horizon: float | None = field(
+        default=None,
+        metadata={
+            "help": "Horizon H of the adaptive KL coefficient, in samples: a persistent error e changes β by a factor "
+            "of about exp(e) over H samples. Only with kl_target; None (default) gives 10000 (verl's and OpenRLHF's "
+            "default)."
+        },
+    )
+    kl_beta_min: float | None = field(
+        default=None,
+        metadata={"help": "Floor of the adaptive β (> 0). Only with kl_target; None (default): no floor."},
+    )
+    kl_beta_max: float | None = field(
+        default=None,
+        metadata={"help": "Ceiling of the adaptive β. Only with kl_target; None (default): no ceiling."},
+    )
+
+    def check_kl_control_arguments(self) -> None:
+        """Validate the KL-budget fields ([`check_kl_control_arguments`]); `kl_horizon` None
+        becomes 10000 when `kl_target` is set."""
+        self.kl_horizon = check_kl_control_arguments(
+            self.beta,
+            self.kl_target,
+            self.kl_horizon,
+            self.kl_beta_min,
+            self.kl_beta_max,
+            samples_per_step=self.per_device_train_batch_size * self.gradient_accumulation_steps * self.world_size,
+        )
 
 
 class AdaptiveKLController:

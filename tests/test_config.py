@@ -13,6 +13,7 @@ from trl import GRPOConfig, GRPOTrainer
 
 import rpg_trl.config
 import rpg_trl.dynamic_sampling
+import rpg_trl.kl_control
 from rpg_trl import RPGConfig
 from rpg_trl.config import KLControlArguments, OnPolicyKLWarning, RPGLossArguments
 from rpg_trl.dynamic_sampling import DynamicSamplingArguments
@@ -403,11 +404,15 @@ def test_the_reliability_fields_are_one_arguments_class_that_both_rpg_configurat
 
 
 def test_each_arguments_class_lives_beside_what_it_configures_and_the_old_import_still_works():
-    """`DynamicSamplingArguments` is declared in `rpg_trl.dynamic_sampling` (the research package's REINFORCE++ takes
-    it from there, not from the RPG configuration), and `from rpg_trl.config import DynamicSamplingArguments` still gives that class."""
+    """Each arguments class is declared beside what it configures: `DynamicSamplingArguments` in
+    `rpg_trl.dynamic_sampling` (the research package's REINFORCE++ takes it from there, not from the RPG configuration),
+    `KLControlArguments` in `rpg_trl.kl_control`, `ReliabilityArguments` in `rpg_trl.reliability.config`; the old
+    imports from `rpg_trl.config` still give those classes."""
     assert DynamicSamplingArguments.__module__ == "rpg_trl.dynamic_sampling"
     assert rpg_trl.config.DynamicSamplingArguments is rpg_trl.dynamic_sampling.DynamicSamplingArguments
     assert ReliabilityArguments.__module__ == "rpg_trl.reliability.config"
+    assert KLControlArguments.__module__ == "rpg_trl.kl_control"
+    assert rpg_trl.config.KLControlArguments is rpg_trl.kl_control.KLControlArguments
     assert issubclass(RPGConfig, DynamicSamplingArguments)
 
 

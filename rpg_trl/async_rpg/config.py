@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 from trl.experimental.async_grpo import AsyncGRPOConfig
 
-from ..config import KLControlArguments, RPGLossArguments
+from ..config import RPGLossArguments
+from ..kl_control import KLControlArguments
 from ..reliability.config import ReliabilityArguments
 from ..reliability.vllm_server import REQUEST_TIMEOUT
 
@@ -32,7 +33,7 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, ReliabilityArguments,
     π_ref = π_old, no reference model). `kl_anchor="reference"` (with `beta > 0`) anchors the KL to a frozen copy of the
     initial model instead (the base model with PEFT). The loss is a token mean over each micro-batch, AsyncGRPO's
     normaliser; there is no `aggregation` field and importance weights are per token. The adaptive KL coefficient
-    (`kl_target`) is refused: β is fixed here. Its four fields ([`rpg_trl.config.KLControlArguments`]) stay in this
+    (`kl_target`) is refused: β is fixed here. Its four fields ([`rpg_trl.kl_control.KLControlArguments`]) stay in this
     configuration, so that the command line accepts them as for [`RPGConfig`] and a run that sets one is refused with a
     message that names it, rather than by the argument parser.
 

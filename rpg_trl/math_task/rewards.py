@@ -527,7 +527,8 @@ def accuracy_reward(completions: list, solution: list, **kwargs) -> list[float |
     (``"42"``, ``"\frac{1}{2}"``), an answer in math delimiters or a worked solution ending in ``\boxed{...}``.
 
     The function never raises on a completion: empty, garbled or huge completions score 0.0, and an unexpected error
-    while scoring one completion gives it 0.0 (logged once).
+    while scoring one completion gives it 0.0 (logged once). It needs math-verify, the `math` extra's
+    (`pip install "rpg_trl[math]"`): without it, it raises an `ImportError` that says so before scoring anything.
 
     **Time limit, in any thread.** math-verify bounds parsing ([`PARSING_TIMEOUT_SECONDS`], 5 s) and each comparison
     ([`VERIFY_TIMEOUT_SECONDS`], 5 s) with ``signal.alarm``, which only works in the main thread. Called from the main

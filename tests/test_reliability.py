@@ -1248,9 +1248,8 @@ def test_a_vllm_server_that_hangs_in_a_weight_sync_ends_the_run_naming_it(tiny_m
         str(tiny_model_dir),
         str(tmp_path),
     ]
-    started = time.monotonic()
     proc = subprocess.run(cmd, cwd=Path(__file__).parent, env=env, capture_output=True, text=True, timeout=300)
-    seconds = time.monotonic() - started
+    ended = time.time()
     output = proc.stdout + proc.stderr
     assert proc.returncode == 1, output[-3000:]
     url = re.search(r"^stand-in server: (\S+)$", proc.stdout, re.M).group(1)
@@ -1258,7 +1257,9 @@ def test_a_vllm_server_that_hangs_in_a_weight_sync_ends_the_run_naming_it(tiny_m
         output[-3000:]
     )
     assert "the run finished" not in output and "finally ran" not in output
-    assert seconds < 120, seconds
+    # From the request's arrival (not the launch: the start-up depends on the machine's load) to the process's end.
+    seconds = ended - float(re.search(r"^request held at ([\d.]+)$", proc.stdout, re.M).group(1))
+    assert 2.0 <= seconds < 30, seconds
 
 
 @pytest.mark.slow

@@ -21,19 +21,11 @@ import threading
 
 from transformers.utils import logging
 
+from .checkpoints import saved_checkpoints_sentence
 from .process_failure import FailureWatcher, check_seconds, deadline, failure_key, tell_other_processes
 
 
 logger = logging.get_logger(__name__)
-
-
-def _saved_checkpoints(trainer) -> str:
-    """[`~rpg_trl.reliability.checkpoints.saved_checkpoints_sentence`] for the trainer's output folder, imported when an
-    error needs it: the checkpoints module imports transformers' `trainer_utils` and peft (4 s), which a process that
-    only watches for a server failure (this module's other users) does not need."""
-    from .checkpoints import saved_checkpoints_sentence
-
-    return saved_checkpoints_sentence(trainer.args.output_dir)
 
 
 #: The configuration fields that fix the shapes and names of the weights a trainer pushes to the server.
@@ -237,7 +229,7 @@ def _unreachable_message(trainer, url, exc, probe_seconds: float | None = None) 
         )
     return (
         f"The vLLM server at {url} stopped answering ({type(exc).__name__}: {exc}) at training step "
-        f"{trainer.state.global_step}{probe}. {_saved_checkpoints(trainer)}"
+        f"{trainer.state.global_step}{probe}. {saved_checkpoints_sentence(trainer.args.output_dir)}"
     )
 
 
@@ -284,7 +276,7 @@ def weight_sync_deadline(trainer, url: str, seconds: float):
         return (
             f"The weight sync to the vLLM server at {url} did not finish within {seconds:g} s (`weight_sync_timeout`) "
             f"at training step {step}: the server may have died in the middle of the transfer. "
-            + _saved_checkpoints(trainer)
+            + saved_checkpoints_sentence(trainer.args.output_dir)
         )
 
     return deadline(trainer, seconds, message, VLLMServerError.__name__)
@@ -294,7 +286,7 @@ def _hung_request_message(trainer, url: str, request: str, seconds: float, step:
     return (
         f"The vLLM server at {url} did not answer the {request} request within {seconds:g} s "
         f"(`vllm_request_timeout`) at training step {step}: the server hangs or is overloaded. Restart it, or raise "
-        f"`vllm_request_timeout` if its {request}s take longer. " + _saved_checkpoints(trainer)
+        f"`vllm_request_timeout` if its {request}s take longer. " + saved_checkpoints_sentence(trainer.args.output_dir)
     )
 
 

@@ -1257,9 +1257,10 @@ def test_a_vllm_server_that_hangs_in_a_weight_sync_ends_the_run_naming_it(tiny_m
         output[-3000:]
     )
     assert "the run finished" not in output and "finally ran" not in output
-    # From the request's arrival (not the launch: the start-up depends on the machine's load) to the process's end.
+    # From the request's arrival, just after the bound's start (not the launch: the start-up depends on the machine's
+    # load), to the process's end.
     seconds = ended - float(re.search(r"^request held at ([\d.]+)$", proc.stdout, re.M).group(1))
-    assert 2.0 <= seconds < 30, seconds
+    assert 1.5 < seconds < 30, seconds
 
 
 @pytest.mark.slow

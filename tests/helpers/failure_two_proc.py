@@ -43,8 +43,8 @@ def launch(mode: str, timeout: float = 120, tag: str = "") -> tuple[int, str, fl
     output with both processes' stdout and stderr, seconds from the moment both processes were up, past their first
     barrier, to the launcher's exit): what a test bounds is how long the run takes to stop once it runs, not the
     start-up (two interpreters importing torch), which depends on the machine's load. On a quiet 2-core machine the
-    `report` run takes 10.4 s, 7.8 s of it start-up; in CI, beside the other jobs, 62 s. `tag`: an extra argument on every process's command line (unused by the script), by which a test finds
-    its processes."""
+    `report` run takes 10.4 s, 7.8 s of it start-up; in CI, beside the other jobs, 62 s. `tag`: an extra argument on
+    every process's command line (unused by the script), by which a test finds its processes."""
     from helpers.ports import free_port
 
     env = dict(os.environ, OMP_NUM_THREADS="1")

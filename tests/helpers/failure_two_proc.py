@@ -18,7 +18,7 @@ main process that answers `/health`), for the failure coordination of `rpg_trl/r
 
 [`launch`] runs it from a test.
 
-The rpg_trl modules are loaded without the package's `__init__` (which imports transformers' Trainer: seconds).
+The rpg_trl modules are loaded without the package's `__init__` ([`import_alone`]).
 """
 
 import atexit
@@ -54,9 +54,28 @@ def launch(mode: str, timeout: float = 120, tag: str = "") -> tuple[int, str, fl
     proc = subprocess.run(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           timeout=timeout)  # fmt: skip
     ended = time.time()
-    up = re.search(r"^both processes up at ([\d.]+)$", proc.stdout, re.M)
+    # Not anchored to a line: both processes write to one pipe, and where Python's output is unbuffered
+    # (PYTHONUNBUFFERED=1) a `print` is two writes, the text and then its newline, between which the other process's
+    # output can land.
+    up = re.search(r"both processes up at (\d+\.\d{3})", proc.stdout)
     assert up, f"the run never got past its first barrier:\n{proc.stdout[-3000:]}"
     return proc.returncode, proc.stdout, ended - float(up.group(1))
+
+
+def import_alone(name: str) -> types.ModuleType:
+    """The module `rpg_trl.reliability.<name>` without the packages' `__init__` (which import transformers' Trainer,
+    TRL and peft: seconds of start-up in every process of every launch): `rpg_trl` and `rpg_trl.reliability` are
+    registered as bare packages first. For a worker process only, never in the test process, which imports the real
+    packages."""
+    for package_name, path in (
+        ("rpg_trl", ROOT / "rpg_trl"),
+        ("rpg_trl.reliability", ROOT / "rpg_trl" / "reliability"),
+    ):
+        if package_name not in sys.modules:
+            package = types.ModuleType(package_name)
+            package.__path__ = [str(path)]
+            sys.modules[package_name] = package
+    return importlib.import_module(f"rpg_trl.reliability.{name}")
 
 
 def root_cause(output):
@@ -83,13 +102,9 @@ def main(mode: str) -> None:
     rank = int(os.environ["RANK"])
     if rank == 0:  # registered first: runs last of all exit handlers
         atexit.register(lambda: print("process 0: atexit ran", flush=True))
-    for name, path in (("rpg_trl", ROOT / "rpg_trl"), ("rpg_trl.reliability", ROOT / "rpg_trl" / "reliability")):
-        package = types.ModuleType(name)
-        package.__path__ = [str(path)]
-        sys.modules[name] = package
-    process_failure = importlib.import_module("rpg_trl.reliability.process_failure")
-    vllm_server = importlib.import_module("rpg_trl.reliability.vllm_server")
-    teardown = importlib.import_module("rpg_trl.reliability.teardown")
+    process_failure = import_alone("process_failure")
+    vllm_server = import_alone("vllm_server")
+    teardown = import_alone("teardown")
 
     import requests
     import torch
@@ -112,7 +127,7 @@ def main(mode: str) -> None:
     print(f"process {rank} watching: {vllm_server.watch_for_server_failure(trainer)}", flush=True)
     dist.barrier()
     if rank == 0:  # what `launch` measures from (wall clock: the launcher is another process)
-        print(f"both processes up at {time.time():.3f}", flush=True)
+        print(f"both processes up at {time.time():.3f}\n", end="", flush=True)  # one write: see `launch`
 
     if mode == "report":
         with process_failure.watching(trainer):

@@ -71,7 +71,8 @@ class HangingServer:
             count = self.counts[path] = self.counts.get(path, 0) + 1
         if path == self.hang_on and count >= self.hang_at:
             self.hung_at = time.monotonic()
-            print(f"request held at {time.time():.3f}", flush=True)  # wall clock, for a test in another process
+            # Wall clock, for a test in another process; one write (a `print` with its newline is two when unbuffered).
+            print(f"request held at {time.time():.3f}\n", end="", flush=True)
             self._release.wait()  # accepted, never answered
             handler.close_connection = True
             return

@@ -3,23 +3,17 @@ the process group), all_gathers of temporary tensors (like `Trainer.store_flos` 
 `destroy_process_group()` (`Trainer.end()`) and exit. `hold` runs `rpg_trl.reliability.teardown.hold_process_group_until_exit`
 first; `plain` does not (PyTorch's own teardown: on this 2-core CPU about 2 runs in 5 deadlocked or aborted at exit).
 
-`rpg_trl/reliability/teardown.py` is loaded alone, by its path: the package's `__init__` (transformers' Trainer, TRL,
-peft) would add seconds of start-up to each process of each launch."""
+`rpg_trl/reliability/teardown.py` is loaded without the package's `__init__` (`failure_two_proc.import_alone`, from
+this folder, the script's own)."""
 
-import importlib.util
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from failure_two_proc import import_alone
 
 
-_spec = importlib.util.spec_from_file_location(
-    "teardown", Path(__file__).resolve().parents[2] / "rpg_trl" / "reliability" / "teardown.py"
-)
-teardown = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(teardown)
-hold_process_group_until_exit = teardown.hold_process_group_until_exit
+hold_process_group_until_exit = import_alone("teardown").hold_process_group_until_exit
 
 
 def main(mode):

@@ -50,6 +50,8 @@ class LossSpecFields(Protocol):
     @property
     def kl_to_go(self) -> str: ...
     @property
+    def kl_estimate(self) -> str: ...
+    @property
     def kl_term(self) -> KLTerm: ...
 
 
@@ -90,6 +92,10 @@ class KLTerm:
     #: prefix ``W≤t``: ufkl) or ``"to_go"`` (the token's ``w``, and at the sequence level every prefix ``W≤t'``,
     #: ``t' ≥ t``, of its KL-to-go: rkl, urkl).
     grows_with: str = "own"
+    #: Which way the divergence runs between the next-token distributions at each position: ``"reverse"``
+    #: KL(π_θ‖π_ref) (rkl, urkl, and GRPO's k3) or ``"forward"`` KL(π_ref‖π_θ) (fkl, ufkl): what
+    #: ``kl_estimate="vocabulary"`` computes over the vocabulary ([`rpg_trl.losses.vocabulary`]).
+    direction: str = "reverse"
 
     def sequence_weight(
         self, W: torch.Tensor, R: torch.Tensor, log_rho: torch.Tensor, kl_to_go: str = "log_ratio"
@@ -183,6 +189,7 @@ KL_TERMS: dict[str, KLTerm] = {
         sequence_value=lambda p, log_w, log_r: torch.exp(p.log_R) * (log_r - log_w),
         sequence_parts=("-R",),
         grows_with="none",
+        direction="forward",
     ),
     "ufkl": KLTerm(
         "UKL(π_ref‖π_θ)",
@@ -194,6 +201,7 @@ KL_TERMS: dict[str, KLTerm] = {
         ),
         sequence_parts=("W", "-R"),
         sequence_score_term=True,
+        direction="forward",
     ),
     "rkl": KLTerm(
         "KL(π_θ‖π_ref)",

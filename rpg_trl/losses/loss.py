@@ -10,7 +10,15 @@ import torch
 from .kl import sequence_kl, token_kl
 from .ratios import clip_regions, importance_ratios
 from .spec import RPGLossSpec
-from .surrogate import ESTIMATOR_FUNCTIONS, aggregate_loss, gradient_weight_parts, summarize_stats
+from .surrogate import (
+    ESTIMATOR_FUNCTIONS,
+    aggregate_loss,
+    gradient_weight_parts,
+    reward_gradient_weight,
+    reward_per_token_loss,
+    summarize_stats,
+)
+from .vocabulary import vocabulary_kl_term
 
 
 def rpg_per_token_loss(
@@ -22,6 +30,7 @@ def rpg_per_token_loss(
     *,
     ref_logps: torch.Tensor | None = None,
     reward_mask: torch.Tensor | None = None,
+    position_kl: torch.Tensor | None = None,
     **spec_fields,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token RPG loss, before aggregation: returns ``(per_token_loss (B, T), per-token stats)``.
@@ -39,8 +48,16 @@ def rpg_per_token_loss(
     ``reward_mask`` ((B, T), optional) multiplies the reward term only: it is for credit-assignment filters such as
     TRL's top-entropy and off-policy masks, which choose the tokens whose reward signal counts, while the KL
     regulariser keeps acting on every token (as TRL adds ``β·KL`` after its masks).
+
+    ``position_kl`` ((B, T), required with ``kl_estimate="vocabulary"`` and refused otherwise): each position's exact
+    KL between the policy's and the anchor's next-token distributions in the divergence's direction, differentiable
+    with respect to the policy ([`rpg_trl.losses.vocabulary.position_kl`]); the KL term, the logged ``kl`` and
+    ``sequence_kl`` are then built from it ([`rpg_trl.losses.vocabulary.vocabulary_kl_term`]), and
+    ``kl_gradient_weight`` is the KL term's per-token magnitude (``β·KL_t`` per token; ``β·(W<t·KL_t + G_t)`` over
+    whole completions).
     """
     spec = _resolve_spec(spec, spec_fields)
+    _check_position_kl(spec, position_kl, logps)
     spec.warn_if_kl_can_push_away(separate_reference=ref_logps is not None, stacklevel=2)
     ratios = importance_ratios(logps, old_logps, ref_logps, mask > 0, spec.importance_sampling_level)
     dtype = ratios.w.dtype
@@ -53,13 +70,21 @@ def rpg_per_token_loss(
     if reward_mask is not None:
         reward_mask = reward_mask.to(dtype)
     # The two parts of the per-token gradient weight, computed once: the estimator gets K̃, the stats both parts.
-    reward_weight, kl_weight = gradient_weight_parts(ratios, adv, regions, spec, reward_mask)
-    per_token_loss = ESTIMATOR_FUNCTIONS[spec.estimator](
-        ratios, adv, regions, spec, reward_mask, kl_weight=kl_weight, reward_weight=reward_weight
-    )
+    if position_kl is not None:  # kl_estimate="vocabulary": the KL term from each position's exact KL
+        reward_weight = reward_gradient_weight(ratios, adv, regions, spec, reward_mask)
+        kl_term, kl_weight, whole_kl = vocabulary_kl_term(ratios, regions, spec, position_kl.to(dtype))
+        per_token_loss = reward_per_token_loss(ratios, adv, regions, spec, reward_mask, reward_weight=reward_weight)
+        per_token_loss = torch.add(per_token_loss, kl_term, alpha=spec.beta)
+        logged_kl = torch.where(ratios.active, position_kl.detach().to(dtype), 0.0)
+    else:
+        reward_weight, kl_weight = gradient_weight_parts(ratios, adv, regions, spec, reward_mask)
+        per_token_loss = ESTIMATOR_FUNCTIONS[spec.estimator](
+            ratios, adv, regions, spec, reward_mask, kl_weight=kl_weight, reward_weight=reward_weight
+        )
+        logged_kl, whole_kl = token_kl(ratios, spec), sequence_kl(ratios, spec)
     stats = {
-        "kl": token_kl(ratios, spec),
-        "sequence_kl": sequence_kl(ratios, spec),
+        "kl": logged_kl,
+        "sequence_kl": whole_kl,
         "is_low_clipped": regions.low,
         "is_high_clipped": regions.high,
         "is_dual_clipped": regions.dual,
@@ -70,6 +95,25 @@ def rpg_per_token_loss(
         "kl_gradient_weight": kl_weight * spec.beta,
     }
     return per_token_loss, stats
+
+
+def _check_position_kl(spec: RPGLossSpec, position_kl: torch.Tensor | None, logps: torch.Tensor) -> None:
+    if spec.kl_estimate == "vocabulary":
+        if position_kl is None:
+            raise ValueError(
+                "kl_estimate='vocabulary' needs `position_kl`, each position's exact KL (B, T) "
+                "(rpg_trl.losses.vocabulary.position_kl computes it from both models' hidden states and heads)."
+            )
+        if tuple(position_kl.shape) != tuple(logps.shape):
+            raise ValueError(
+                f"`position_kl` must have the shape of `logps` {tuple(logps.shape)}; got {tuple(position_kl.shape)}."
+            )
+    elif position_kl is not None:
+        raise ValueError(
+            f"`position_kl` (each position's exact KL) is the KL of kl_estimate='vocabulary'; the loss's kl_estimate "
+            f"is {spec.kl_estimate!r}, which estimates the KL from the sampled tokens. Set kl_estimate='vocabulary' "
+            "or leave `position_kl` out."
+        )
 
 
 def _resolve_spec(spec: RPGLossSpec | None, spec_fields: dict) -> RPGLossSpec:
@@ -95,6 +139,7 @@ def rpg_loss(
     ref_logps: torch.Tensor | None = None,
     num_items: float | torch.Tensor | None = None,
     max_length: int | None = None,
+    position_kl: torch.Tensor | None = None,
     **spec_fields,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Regularized Policy Gradient loss (paper Sec. 3-4; module docstring).
@@ -136,12 +181,17 @@ def rpg_loss(
             ``"truncated"``, ``"clipped"`` or ``"stopped"``, [`KL_CLIP_MODES`]) and ``kl_to_go`` (``"log_ratio"``;
             ``"k3"`` with ``kl_level="sequence"`` and ``divergence`` ``"rkl"`` or ``"urkl"``: the later tokens'
             ``log ρ`` in each token's KL-to-go replaced by ``k3(ρ) = log ρ + 1/ρ − 1``, the same expectation with less
-            noise, [`KL_TO_GO`]).
+            noise, [`KL_TO_GO`]) and ``kl_estimate`` (``"sample"``: each position's KL estimated from its sampled
+            token, the KL table; ``"vocabulary"``: computed exactly over the vocabulary, given as `position_kl`,
+            [`rpg_trl.losses.vocabulary`]).
         ref_logps (`torch.Tensor` of shape `(B, T)`, *optional*): ``log π_ref`` of the KL anchor. ``None`` anchors
             the KL to the sampling policy (``π_ref = π_old``, the paper's runs), which needs no reference model.
         num_items (`float` or `torch.Tensor`, *optional*): token-mean normaliser to use instead of ``mask.sum()``.
         max_length (`int`, *optional*): the length ``L`` of ``"seq-mean-token-sum-norm"`` (``Σ/(B·L)``); defaults to
             ``T``, the padded length of ``logps``.
+        position_kl (`torch.Tensor` of shape `(B, T)`, *optional*): with ``kl_estimate="vocabulary"`` (and only
+            then), each position's exact KL to the anchor, differentiable with respect to the policy
+            ([`rpg_trl.losses.vocabulary.position_kl`]).
 
     Returns:
         `tuple[torch.Tensor, dict[str, torch.Tensor]]`: the scalar loss and detached metrics: ``kl`` (mean per-token
@@ -165,7 +215,9 @@ def rpg_loss(
     """
     spec = _resolve_spec(spec, spec_fields)
     _check_shapes(logps, old_logps, advantages, mask, ref_logps)
-    per_token_loss, stats = rpg_per_token_loss(logps, old_logps, advantages, mask, spec, ref_logps=ref_logps)
+    per_token_loss, stats = rpg_per_token_loss(
+        logps, old_logps, advantages, mask, spec, ref_logps=ref_logps, position_kl=position_kl
+    )
     fmask = (mask > 0).to(per_token_loss.dtype)
     loss = aggregate_loss(per_token_loss, fmask, spec.aggregation, num_items, max_length)
     metrics = summarize_stats(stats, fmask)

@@ -35,6 +35,7 @@ from .surrogate import (
     AGGREGATIONS,
     ESTIMATORS,
 )
+from .vocabulary import DEFAULT_KL_ESTIMATE, KL_ESTIMATES, VOCABULARY_KL_CLIP_MODES
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,8 @@ class RPGLossSpec:
     kl_clip_mode: str = DEFAULT_KL_CLIP_MODE
     #: how the KL-to-go of rkl and urkl is estimated at ``kl_level="sequence"``: a key of [`KL_TO_GO`]
     kl_to_go: str = DEFAULT_KL_TO_GO
+    #: how each position's KL is estimated: from the sampled token, or exactly over the vocabulary ([`KL_ESTIMATES`])
+    kl_estimate: str = DEFAULT_KL_ESTIMATE
 
     def __post_init__(self):
         self.check()
@@ -98,7 +101,9 @@ class RPGLossSpec:
     def on_policy_kl_gradient(self) -> str:
         """What the KL term's gradient is when π_θ = π_ref = π_old on every token (w = ρ = 1): the KL part of W (module
         table of `rpg_trl.losses`) is β·1 for fkl (a constant that the group-mean baseline does not remove), 0 for
-        ufkl/urkl and −β for rkl."""
+        ufkl/urkl and −β for rkl; with ``kl_estimate="vocabulary"`` the exact gradient of a KL at its minimum, 0."""
+        if self.kl_estimate == "vocabulary":
+            return ON_POLICY_KL_GRADIENT["vocabulary"]
         return ON_POLICY_KL_GRADIENT[self.divergence]
 
     @property
@@ -139,6 +144,7 @@ class RPGLossSpec:
         _check_choice(n("kl_level"), self.kl_level, KL_LEVELS)
         _check_choice(n("kl_clip_mode"), self.kl_clip_mode, tuple(KL_CLIP_MODES))
         _check_choice(n("kl_to_go"), self.kl_to_go, KL_TO_GO)
+        _check_choice(n("kl_estimate"), self.kl_estimate, KL_ESTIMATES)
         _check_finite_number(n("beta"), self.beta, minimum=0.0)
         if not isinstance(self.clip, bool):
             raise ValueError(f"`{n('clip')}` must be a bool; got {self.clip!r}.")
@@ -168,6 +174,8 @@ class RPGLossSpec:
                 f"weights, so it has no sequence-level form: use {n('kl_level')}='token' with it, or "
                 f"{n('kl_importance_weight')}=True for the exact sequence-level KL."
             )
+        if self.kl_estimate == "vocabulary":
+            _check_vocabulary_estimate(self, n)
         if self.kl_to_go != DEFAULT_KL_TO_GO:
             has_to_go = "to_go" in KL_TERMS[self.divergence].sequence_parts
             if self.kl_level != "sequence" or not has_to_go:
@@ -180,12 +188,36 @@ class RPGLossSpec:
                 )
 
 
+def _check_vocabulary_estimate(fields, n) -> None:
+    """The options that ``kl_estimate="vocabulary"`` cannot honour, each refused with what to use instead (`fields`: the
+    specification's fields, `n`: the caller's name of a field)."""
+    if not fields.kl_importance_weight:
+        raise ValueError(
+            f"`{n('kl_importance_weight')}=False` is GRPO's uncorrected k3, a penalty on the sampled token; "
+            f"{n('kl_estimate')}='vocabulary' computes each position's KL exactly, so there is no sampled token to "
+            f"weight. Use {n('kl_estimate')}='sample' with it, or {n('kl_importance_weight')}=True."
+        )
+    if fields.clip and fields.kl_clip_mode not in VOCABULARY_KL_CLIP_MODES:
+        raise ValueError(
+            f"`{n('kl_clip_mode')}={fields.kl_clip_mode!r}` evaluates the sampled token's KL weight at its clipped "
+            f"importance weight; with {n('kl_estimate')}='vocabulary' no position's KL holds an importance weight. "
+            f"Use one of {list(VOCABULARY_KL_CLIP_MODES)} (help(rpg_trl.losses.vocabulary))."
+        )
+    if fields.kl_to_go != DEFAULT_KL_TO_GO:
+        raise ValueError(
+            f"`{n('kl_to_go')}={fields.kl_to_go!r}` replaces the later tokens' sampled log-ratios in each KL-to-go; "
+            f"with {n('kl_estimate')}='vocabulary' the KL-to-go is built from the exact per-position KLs. Leave "
+            f"{n('kl_to_go')}={DEFAULT_KL_TO_GO!r}."
+        )
+
+
 #: The KL term's gradient on-policy (π_θ = π_ref = π_old), per divergence ([`RPGLossSpec.on_policy_kl_gradient`]).
 ON_POLICY_KL_GRADIENT = {
     "fkl": "zero in expectation (β times the score ∇log π_θ, whose mean under π_θ is 0)",
     "ufkl": "exactly zero",
     "rkl": "zero in expectation (−β times the score ∇log π_θ, whose mean under π_θ is 0)",
     "urkl": "exactly zero",
+    "vocabulary": "exactly zero (the gradient of each position's exact KL at π_θ = π_ref)",
 }
 
 

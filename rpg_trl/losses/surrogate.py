@@ -76,13 +76,25 @@ def gradient_weight_parts(
     [`rpg_per_token_loss`] computes them once, hands ``K̃`` to the estimator and keeps ``w·A`` and ``β·K̃`` in its stats
     (the logged ``kl/weight_share``)."""
     with torch.no_grad():
+        return reward_gradient_weight(ratios, advantages, regions, spec, reward_mask), kl_weights(ratios, spec, regions)
+
+
+def reward_gradient_weight(
+    ratios: RatioTensors,
+    advantages: torch.Tensor,
+    regions: ClipRegions,
+    spec: LossSpecFields,
+    reward_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The reward part ``w·A`` of the gradient weight (times `reward_mask`; 0 where RPG-Style Clip removes it and on
+    inactive tokens), detached, (B, T)."""
+    with torch.no_grad():
         reward = ratios.w.detach() * advantages
         if spec.clip:
             reward = reward.masked_fill(regions.any, 0.0)
         if reward_mask is not None:
             reward = reward * reward_mask
-        reward = torch.where(ratios.active, reward, 0.0)
-        return reward, kl_weights(ratios, spec, regions)
+        return torch.where(ratios.active, reward, 0.0)
 
 
 def differentiable_per_token_loss(
@@ -154,6 +166,27 @@ def reinforce_per_token_loss(
     with torch.no_grad():
         negative_weight = torch.add(reward_weight.neg(), kl_weight, alpha=spec.beta)  # −W = −w·A + β·K
     return negative_weight * ratios.token_log_ratio
+
+
+def reward_per_token_loss(
+    ratios: RatioTensors,
+    advantages: torch.Tensor,
+    regions: ClipRegions,
+    spec: LossSpecFields,
+    reward_mask: torch.Tensor | None = None,
+    *,
+    reward_weight: torch.Tensor,
+) -> torch.Tensor:
+    """The reward term alone of `spec.estimator`'s per-token loss, (B, T), 0 on inactive tokens: the differentiable
+    estimator's clipped ``−w·A`` (times `reward_mask`), or the REINFORCE estimator's ``−SG(w·A)·log w`` with the
+    reward part of [`gradient_weight_parts`] (`reward_weight`). With ``kl_estimate="vocabulary"`` the KL term is added
+    to it from each position's exact KL ([`rpg_trl.losses.vocabulary.vocabulary_kl_term`])."""
+    if spec.estimator == "reinforce":
+        return -reward_weight * ratios.token_log_ratio
+    reward_loss = _reward_term_differentiable(ratios, advantages, regions, spec)
+    if reward_mask is not None:
+        reward_loss = reward_loss * reward_mask
+    return torch.where(ratios.active, reward_loss, torch.zeros((), dtype=reward_loss.dtype, device=reward_loss.device))
 
 
 #: The gradient estimators (Proposition 4.1: the same gradient), one signature:

@@ -40,6 +40,7 @@ from .losses import (
     KL_TO_GO,
     RPGLossSpec,
 )
+from .losses.vocabulary import DEFAULT_KL_ESTIMATE, KL_ESTIMATES
 from .reliability import reward_guard
 from .reliability.config import ReliabilityArguments
 
@@ -177,6 +178,20 @@ class RPGLossArguments:
             "choices": list(KL_TO_GO),
         },
     )
+    kl_estimate: str = field(
+        default=DEFAULT_KL_ESTIMATE,
+        metadata={
+            "help": "How each position's KL is estimated. 'sample' (default): from the sampled token's log-ratio, "
+            "importance-weighted (the KL table of help(rpg_trl.losses)). 'vocabulary': exactly, over the whole "
+            "vocabulary, from the policy's and the anchor's next-token distributions at that position (their final "
+            "hidden states and LM heads, in tiles, without the (B, T, V) logits; logits divided by `temperature`): the "
+            "Rao-Blackwellised estimate, unbiased and never noisier than sampling; its gradient is the exact gradient "
+            "of each position's KL, so `estimator` then chooses the reward term's form only, and the normalised and "
+            "unnormalised divergences coincide. The logged `kl` is then the exact one. Needs TRL 1.16; with "
+            "kl_clip_mode 'exact', 'truncated' or 'stopped' (help(rpg_trl.losses.vocabulary)).",
+            "choices": list(KL_ESTIMATES),
+        },
+    )
 
     # Paper defaults that differ from TRL's (Sec. 5, Appendix H).
     beta: float = field(
@@ -212,6 +227,7 @@ class RPGLossArguments:
             kl_level=self.kl_level,
             kl_clip_mode=self.kl_clip_mode,
             kl_to_go=self.kl_to_go,
+            kl_estimate=self.kl_estimate,
         )
 
     def rpg_loss_spec(self) -> RPGLossSpec:
@@ -317,6 +333,13 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             k3 = log ρ + 1/ρ − 1: the same expectation given the tokens before it, so the gradient stays unbiased,
             with less noise at length). Refused with the token level and with fkl/ufkl, which have no KL-to-go. See
             docs: *Design of the RPG loss in rpg_trl*, "The KL-to-go at length".
+        kl_estimate (`str`, *optional*, defaults to `"sample"`):
+            How each position's KL is estimated: `"sample"` (from the sampled token, importance-weighted) or
+            `"vocabulary"` (exactly, over the whole vocabulary, from both models' final hidden states and LM heads in
+            tiles; the Rao-Blackwellised estimate: unbiased, never noisier; the logged `kl` is then exact). With
+            `"vocabulary"`, `estimator` chooses the reward term's form only, `urkl`/`rkl` and `ufkl`/`fkl` coincide,
+            and `kl_clip_mode="clipped"`, `kl_to_go="k3"` and `kl_importance_weight=False` are refused. See docs:
+            *Design of the RPG loss in rpg_trl*, "The exact per-position KL".
         aggregation (`str` or `None`, *optional*, defaults to `None`):
             Loss aggregation: `"token-mean"`, `"seq-mean-token-mean"`, `"seq-mean-token-sum"` or
             `"seq-mean-token-sum-norm"`. `None` derives it from `loss_type` and uses TRL's normaliser for it exactly

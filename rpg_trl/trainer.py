@@ -20,6 +20,7 @@ from .losses.surrogate import SEQUENCE_SUM_ROWS, TOKEN_MEAN_METRICS, diagnostic_
 from .ref_sync import RefModelSyncCallback
 from .reliability import ImportanceWeightMonitorMixin, ReliabilityMixin
 from .reliability.kl_drift import KLDriftMonitorMixin
+from .vocabulary_kl import VocabularyKLMixin
 
 
 #: The rows of [`~rpg_trl.losses.surrogate.sequence_sums`] as the trainer calls it (one `extra` row: the entropy),
@@ -57,6 +58,7 @@ class RPGTrainer(
     DynamicSamplingMixin,
     ImportanceWeightMonitorMixin,
     KLDriftMonitorMixin,
+    VocabularyKLMixin,
     GRPOLossStepsMixin,
     GRPOTrainer,
 ):
@@ -130,6 +132,7 @@ class RPGTrainer(
         finally:
             args.beta = rpg_beta
             args.sync_ref_model = sync_ref_model
+        self.check_vocabulary_kl()
         #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
         self.ref_sync_callback = RefModelSyncCallback.install(self)
         #: The adaptive KL coefficient (`kl_target`), or None: it sets `rpg_beta` after each optimizer step.
@@ -160,10 +163,19 @@ class RPGTrainer(
         old_logps = logps.detach() if old_logps is None else old_logps
         ref_logps = inputs.get("ref_per_token_logps") if self.args.kl_anchor == "reference" else None
         reward_mask, entropy_mask = self._credit_masks(logps, old_logps, entropies, advantages, mask, inputs)
+        # kl_estimate="vocabulary": each position's exact KL, from both models' hidden states and heads.
+        position_kl = self.vocabulary_position_kl(inputs, mask, mode) if self._vocabulary_kl else None
 
         # RPG's loss (Sec. 3, Tables 1 and 4), in place of GRPO's clipped surrogate and β·k3 term.
         per_token_loss, stats = rpg_per_token_loss(
-            logps, old_logps, advantages, mask, self.loss_spec, ref_logps=ref_logps, reward_mask=reward_mask
+            logps,
+            old_logps,
+            advantages,
+            mask,
+            self.loss_spec,
+            ref_logps=ref_logps,
+            reward_mask=reward_mask,
+            position_kl=position_kl,
         )
         if self.use_vllm and self.vllm_importance_sampling_correction:
             # vLLM sampled the batch, and π_old (recomputed by the trainer) is not the sampler: both the reward term

@@ -23,7 +23,8 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, ReliabilityArguments,
     and shared with [`RPGConfig`] (same names, defaults and checks): `divergence` (default `"urkl"`), `estimator`
     (`"reinforce"`), `rpg_clip` (`True`), `clip_c` (`10.0`), `kl_anchor` (`None` → `"sampling"`),
     `kl_importance_weight` (`True`), `kl_level` (`"token"`, the only level here), `kl_to_go` (`"log_ratio"`, the only
-    one at the token level), `beta` (`1e-4`) and `epsilon_high` (`0.28`); `epsilon` (`0.2`) is TRL's. Paper Sec. 3-5
+    one at the token level), `kl_estimate` (`"sample"`, the only one here: the sampler's distributions are vLLM's),
+    `beta` (`1e-4`) and `epsilon_high` (`0.28`); `epsilon` (`0.2`) is TRL's. Paper Sec. 3-5
     and Appendix H. The reliability fields are declared once in [`rpg_trl.reliability.config.ReliabilityArguments`] and
     shared with [`RPGConfig`] too: `importance_weight_warning_threshold` (`100`), `kl_drift_warning` (`True`),
     `kl_drift_min_kl` (`0.01`), `main_process_exit_timeout` (`60`, seconds) and `vllm_request_timeout` (below).
@@ -68,6 +69,13 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, ReliabilityArguments,
                 f"`kl_level={self.kl_level!r}` is not available with AsyncRPGTrainer: its loss sees one packed row of "
                 "trained tokens per micro-batch, and the exact sequence-level KL needs each completion's prefix ratios "
                 "in order. Use kl_level='token' here, or RPGTrainer for kl_level='sequence'."
+            )
+        if self.kl_estimate != "sample":
+            raise ValueError(
+                f"`kl_estimate={self.kl_estimate!r}` is not available with AsyncRPGTrainer: the exact per-position KL "
+                "needs the anchor's next-token distribution at every position, and here the anchor (the policy that "
+                "sampled each rollout) is vLLM's, which hands back only the sampled tokens' log-probabilities. Use "
+                "kl_estimate='sample' here, or RPGTrainer for kl_estimate='vocabulary'."
             )
         self.check_kl_anchor(reference_requested=False)
         if self.kl_target is not None:

@@ -54,6 +54,9 @@ def save_generation_state(trainer, output_dir: str) -> None:
         "num_iterations": trainer.num_iterations,
         # At a cycle boundary the next micro-step generates anew: the buffer is not needed.
         "buffered_inputs": trainer._buffered_inputs if inside_cycle else None,
+        # kl_estimate="vocabulary": the anchor's head copied at generation, which the buffered batch's anchor states
+        # need (rpg_trl.vocabulary_kl); None where the live head serves.
+        "anchor_heads": getattr(trainer, "_vocabulary_anchor_heads", None) if inside_cycle else None,
     }
     os.makedirs(output_dir, exist_ok=True)
     torch.save(state, generation_state_path(output_dir, trainer.args.process_index, trainer.args.world_size))
@@ -99,4 +102,6 @@ def load_generation_state(trainer, checkpoint: str | None) -> bool:
         )
     trainer._step = int(state["step"])
     trainer._buffered_inputs = state["buffered_inputs"]
+    if state.get("anchor_heads") is not None:
+        trainer._vocabulary_anchor_heads = state["anchor_heads"]
     return True

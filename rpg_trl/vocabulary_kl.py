@@ -1,0 +1,221 @@
+# Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
+"""Where `RPGTrainer` finds what ``kl_estimate="vocabulary"`` needs: both models' final hidden states at the completion
+positions, and their LM heads ([`rpg_trl.losses.vocabulary`] computes each position's exact KL from them).
+
+TRL 1.16's GRPOTrainer scores every completion through a fused LM head (`trl.trainer.utils.add_fused_lm_head`): the
+backbone's last hidden state, projected in tiles, never as ``(B, T, V)`` logits. [`VocabularyKLMixin`] reads that
+hidden state with a forward hook on the backbone for the duration of each of GRPOTrainer's scoring calls
+(`_get_per_token_logps_and_entropies`), so no forward pass is added:
+
+* the policy's, with its graph, from the pass the loss makes (`_compute_loss`);
+* the anchor's, without a graph, from the pass GRPOTrainer already makes when it builds the batch: the reference
+  model's scoring pass (``kl_anchor="reference"``, also with PEFT, where the reference is the base model or the "ref"
+  adapter) or the pass that scores `old_per_token_logps` (``kl_anchor="sampling"``, π_old). When GRPOTrainer skips
+  the latter because every step is on-policy, π_old is π_θ itself and each position's KL is exactly 0 (no
+  computation). The anchor's states enter the batch as `rpg_anchor_hidden_states` ((B, T, H), the model's dtype), so
+  TRL's shuffling and splitting, dynamic sampling and the resume of a generation cycle carry them with the batch.
+
+The anchor's head is read where the loss runs: the reference model's, or the policy's own for π_old. A head that can
+change between the scoring pass and the loss (the policy's when it trains, π_old's head being the one at generation;
+the reference's when reference syncs are on) is copied at generation instead (a (V, H) tensor, gathered under
+ZeRO-3), and the copy is saved with a checkpoint taken inside a generation cycle (the resume keeps the batch and its
+head together).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel
+
+from .trl_release import require_trl
+
+
+#: The first TRL release whose GRPOTrainer scores through the fused LM head and ships the tiled divergence kernel.
+VOCABULARY_KL_TRL = "1.16.0"
+#: The batch entry of the anchor's hidden states at the completion positions, (B, T, H).
+ANCHOR_HIDDEN_KEY = "rpg_anchor_hidden_states"
+#: Config fields of model families that rescale their logits in ways the kernel is not given (TRL's fused head
+#: reads them; the vocabulary KL is refused with these models instead of computed on other logits).
+_UNSUPPORTED_LOGIT_FIELDS = ("output_multiplier", "lm_head_multiplier", "logits_scaling")
+
+
+def _causal_lm(model) -> PreTrainedModel:
+    """The causal LM under PEFT's wrapper (the module TRL patches with its fused head)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _backbone(causal_lm):
+    """The backbone whose `last_hidden_state` TRL's fused head projects (its `base_model`)."""
+    return causal_lm.base_model
+
+
+def _head_parameters(causal_lm) -> tuple[torch.Tensor, torch.Tensor | None]:
+    head = causal_lm.get_output_embeddings()
+    return head.weight, head.bias
+
+
+def _full(tensor):
+    """A tensor as a whole: FSDP2's DTensor shards gathered (differentiably), anything else as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def head_transform(config) -> dict:
+    """The logit transform of a model's head as TRL's kernel takes it: ``logit_scale`` and
+    ``final_logit_softcapping`` of the text config; a `ValueError` for models that rescale their logits otherwise."""
+    text_config = config.get_text_config()
+    for name in _UNSUPPORTED_LOGIT_FIELDS:
+        if getattr(text_config, name, None) is not None:
+            raise ValueError(
+                f"kl_estimate='vocabulary' does not support models whose config sets `{name}` "
+                f"({text_config.model_type}): use kl_estimate='sample'."
+            )
+    scale = getattr(text_config, "logit_scale", None)
+    return {
+        "logit_scale": 1.0 if scale is None else float(scale),
+        "final_logit_softcapping": getattr(text_config, "final_logit_softcapping", None),
+    }
+
+
+class _Scoring:
+    """One scoring call's log-probs (the very tensor GRPOTrainer returns, to tell which entry of the batch it became),
+    its hidden states at the completion positions, and the causal LM that made them."""
+
+    def __init__(self, logps, hidden, causal_lm):
+        self.logps, self.hidden, self.causal_lm = logps, hidden, causal_lm
+
+
+class VocabularyKLMixin:
+    """Captures both models' hidden states for ``kl_estimate="vocabulary"`` (module docstring), mixed in right before
+    GRPOTrainer's own steps, so that it wraps one round of `_generate_and_score_completions` (dynamic sampling draws
+    several and joins them). Does nothing with ``kl_estimate="sample"``."""
+
+    #: The hidden states of the policy's last scoring call (the loss's), or None.
+    _vocabulary_scoring = None
+    #: The scoring calls of the generation round in progress, or None outside one.
+    _vocabulary_round = None
+    #: Per mode ("train", "eval"): the anchor's head copied at the last generation, or None where the live head serves.
+    _vocabulary_anchor_heads = None
+
+    @property
+    def _vocabulary_kl(self) -> bool:
+        return self.loss_spec.kl_estimate == "vocabulary"
+
+    def check_vocabulary_kl(self) -> None:
+        """Refuse, at construction, what ``kl_estimate="vocabulary"`` cannot run on: a TRL older than 1.16, an LM head
+        other than a plain linear layer (one that PEFT adapts or saves is not the head the kernel would read), a model
+        that rescales its logits otherwise than TRL's kernel can."""
+        if not self._vocabulary_kl:
+            return
+        require_trl(VOCABULARY_KL_TRL, "kl_estimate='vocabulary'", "Use kl_estimate='sample' with the installed TRL.")
+        models = [("the policy", self.model)]
+        if self.ref_model is not None and self.args.kl_anchor == "reference":
+            models.append(("the reference model", self.ref_model))
+        for name, model in models:
+            causal_lm = _causal_lm(self.accelerator.unwrap_model(model))
+            head = causal_lm.get_output_embeddings()
+            if type(head) is not torch.nn.Linear:
+                raise ValueError(
+                    f"kl_estimate='vocabulary' reads the LM head's weight directly, and the head of {name} is a "
+                    f"{type(head).__name__}, not a torch.nn.Linear (e.g. a LoRA adapter or `modules_to_save` on the "
+                    "head): leave the head out of the PEFT config, or use kl_estimate='sample'."
+                )
+            head_transform(causal_lm.config)
+        self._vocabulary_anchor_heads = {}
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        if not self._vocabulary_kl:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        causal_lm = _causal_lm(self.accelerator.unwrap_model(model))
+        states = []
+
+        def keep(module, inputs, output):
+            states.append(output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0])
+
+        handle = _backbone(causal_lm).register_forward_hook(keep)
+        try:
+            result = super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
+            )
+        finally:
+            handle.remove()
+        # The state at position j predicts token j + 1: the completion's tokens are predicted by the `logits_to_keep`
+        # states before the last one (TRL's fused head drops the last and keeps the labels' positions).
+        hidden = torch.cat([state[:, -logits_to_keep - 1 : -1] for state in states])
+        scoring = _Scoring(result[0], hidden, causal_lm)
+        if self._vocabulary_round is not None:
+            self._vocabulary_round.append(scoring)
+        else:
+            self._vocabulary_scoring = scoring
+        return result
+
+    def _generate_and_score_completions(self, inputs):
+        if not self._vocabulary_kl:
+            return super()._generate_and_score_completions(inputs)
+        self._vocabulary_round = []
+        try:
+            batch = super()._generate_and_score_completions(inputs)
+            scorings = self._vocabulary_round
+        finally:
+            self._vocabulary_round = None
+        key = "ref_per_token_logps" if self.args.kl_anchor == "reference" else "old_per_token_logps"
+        logps = batch.get(key)
+        if logps is None:
+            if key == "ref_per_token_logps":
+                raise RuntimeError("kl_estimate='vocabulary' with kl_anchor='reference' found no reference scoring.")
+            return batch  # on-policy: π_old = π_θ, every position's KL is 0
+        scoring = next((s for s in scorings if s.logps is logps), None)
+        if scoring is None:
+            raise RuntimeError(
+                f"kl_estimate='vocabulary' could not find the scoring pass of `{key}` (an override of "
+                "`_get_per_token_logps_and_entropies` that returns other log-probs than it computes?)."
+            )
+        batch[ANCHOR_HIDDEN_KEY] = scoring.hidden.detach().clone()  # the slice alone, not the prompt's states
+        mode = "train" if self.model.training else "eval"
+        self._vocabulary_anchor_heads[mode] = self._anchor_head_copy(scoring.causal_lm)
+        return batch
+
+    def _anchor_head_copy(self, causal_lm):
+        """A copy of the anchor's head when it can change before the loss reads it, else None (the live head)."""
+        weight, bias = _head_parameters(causal_lm)
+        syncs = getattr(self, "ref_sync_callback", None) is not None
+        if not (weight.requires_grad if self.args.kl_anchor == "sampling" else syncs):
+            return None
+        from trl.trainer.utils import maybe_gather_lm_head_ctx
+
+        weight, bias = _full(weight), None if bias is None else _full(bias)
+        with torch.no_grad(), maybe_gather_lm_head_ctx(*(p for p in (weight, bias) if p is not None)):
+            return weight.detach().clone(), None if bias is None else bias.detach().clone()
+
+    def _anchor_causal_lm(self):
+        if self.args.kl_anchor == "reference" and self.ref_model is not None:
+            return _causal_lm(self.accelerator.unwrap_model(self.ref_model))
+        return _causal_lm(self.accelerator.unwrap_model(self.model))
+
+    def vocabulary_position_kl(self, inputs, mask: torch.Tensor, mode: str) -> torch.Tensor:
+        """Each completion position's exact KL to the anchor, (B, T), for the loss's scoring call just made (the
+        policy's hidden states, with their graph) and the batch's anchor states ([`rpg_trl.losses.vocabulary`])."""
+        from .losses.vocabulary import position_kl
+
+        scoring, self._vocabulary_scoring = self._vocabulary_scoring, None
+        if scoring is None:
+            raise RuntimeError("kl_estimate='vocabulary': the loss's scoring pass left no hidden states.")
+        anchor_hidden = inputs.get(ANCHOR_HIDDEN_KEY)
+        if anchor_hidden is None:  # on-policy π_old = π_θ: KL(π_θ‖π_θ) = 0, and so is its gradient
+            return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+        policy_head = tuple(None if p is None else _full(p) for p in _head_parameters(scoring.causal_lm))
+        anchor_head = self._vocabulary_anchor_heads.get(mode)
+        if anchor_head is None:
+            anchor_head = _head_parameters(self._anchor_causal_lm())
+            anchor_head = tuple(None if p is None else _full(p).detach() for p in anchor_head)
+        return position_kl(
+            scoring.hidden,
+            policy_head,
+            anchor_hidden.to(scoring.hidden.device),
+            anchor_head,
+            mask,
+            self.loss_spec.kl_term.direction,
+            temperature=self.temperature,
+            **head_transform(scoring.causal_lm.config),
+        )

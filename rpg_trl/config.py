@@ -40,6 +40,7 @@ from .losses import (
     KL_TO_GO,
     RPGLossSpec,
 )
+from .losses.baseline import DEFAULT_KL_TO_GO_BASELINE, KL_TO_GO_BASELINES
 from .losses.vocabulary import DEFAULT_KL_ESTIMATE, KL_ESTIMATES
 from .reliability import reward_guard
 from .reliability.config import ReliabilityArguments
@@ -192,6 +193,18 @@ class RPGLossArguments:
             "choices": list(KL_ESTIMATES),
         },
     )
+    kl_to_go_baseline: str = field(
+        default=DEFAULT_KL_TO_GO_BASELINE,
+        metadata={
+            "help": "With kl_level='sequence' and divergence 'urkl' or 'rkl' (either kl_estimate): 'none' (default) or "
+            "'leave_one_out', which subtracts from each token's KL-to-go (the term that multiplies its score) the "
+            "prefix ratio times the mean, over the other completions of the same prompt in the micro-batch, of the "
+            "KL-to-go relative to the prefix at that position: a baseline that does not depend on the token, so the "
+            "gradient stays unbiased and its noise falls. Needs kl_clip_mode='exact' (or rpg_clip=False). "
+            "help(rpg_trl.losses.baseline).",
+            "choices": list(KL_TO_GO_BASELINES),
+        },
+    )
 
     # Paper defaults that differ from TRL's (Sec. 5, Appendix H).
     beta: float = field(
@@ -228,6 +241,7 @@ class RPGLossArguments:
             kl_clip_mode=self.kl_clip_mode,
             kl_to_go=self.kl_to_go,
             kl_estimate=self.kl_estimate,
+            kl_to_go_baseline=self.kl_to_go_baseline,
         )
 
     def rpg_loss_spec(self) -> RPGLossSpec:
@@ -340,6 +354,12 @@ class RPGConfig(RPGLossArguments, KLControlArguments, DynamicSamplingArguments, 
             `"vocabulary"`, `estimator` chooses the reward term's form only, `urkl`/`rkl` and `ufkl`/`fkl` coincide,
             and `kl_clip_mode="clipped"`, `kl_to_go="k3"` and `kl_importance_weight=False` are refused. See docs:
             *Design of the RPG loss in rpg_trl*, "The exact per-position KL".
+        kl_to_go_baseline (`str`, *optional*, defaults to `"none"`):
+            With `kl_level="sequence"`, `divergence` `"urkl"` or `"rkl"` and `kl_clip_mode="exact"` (or
+            `rpg_clip=False`): `"leave_one_out"` subtracts from each token's KL-to-go the prefix ratio times the mean,
+            over the other completions of its prompt in the micro-batch, of the KL-to-go relative to the prefix at that
+            position (a control variate: unbiased, less noise). See docs: *Design of the RPG loss in rpg_trl*, "The
+            exact per-position KL".
         aggregation (`str` or `None`, *optional*, defaults to `None`):
             Loss aggregation: `"token-mean"`, `"seq-mean-token-mean"`, `"seq-mean-token-sum"` or
             `"seq-mean-token-sum-norm"`. `None` derives it from `loss_type` and uses TRL's normaliser for it exactly

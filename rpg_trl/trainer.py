@@ -165,6 +165,11 @@ class RPGTrainer(
         reward_mask, entropy_mask = self._credit_masks(logps, old_logps, entropies, advantages, mask, inputs)
         # kl_estimate="vocabulary": each position's exact KL, from both models' hidden states and heads.
         position_kl = self.vocabulary_position_kl(inputs, mask, mode) if self._vocabulary_kl else None
+        # kl_to_go_baseline: the completions of one prompt share its label (the rows of `prompt_ids` and its mask).
+        groups = None
+        if self.loss_spec.kl_to_go_baseline != "none":
+            prompts = torch.cat([inputs["prompt_ids"], inputs["prompt_mask"]], 1)
+            groups = torch.unique(prompts, dim=0, return_inverse=True)[1]
 
         # RPG's loss (Sec. 3, Tables 1 and 4), in place of GRPO's clipped surrogate and β·k3 term.
         per_token_loss, stats = rpg_per_token_loss(
@@ -176,6 +181,7 @@ class RPGTrainer(
             ref_logps=ref_logps,
             reward_mask=reward_mask,
             position_kl=position_kl,
+            groups=groups,
         )
         if self.use_vllm and self.vllm_importance_sampling_correction:
             # vLLM sampled the batch, and π_old (recomputed by the trainer) is not the sampler: both the reward term

@@ -76,6 +76,19 @@ INVALID_CONFIGS = [
         "divergences have over whole completions: it needs kl_level='sequence' and divergence in ['rkl', 'urkl']; got "
         "kl_level='sequence', divergence='ufkl'",
     ),
+    (RPGConfig, dict(kl_estimate="exact"), "`kl_estimate` must be one of 'sample', 'vocabulary'; got 'exact'"),
+    (
+        RPGConfig,
+        dict(kl_estimate="vocabulary", kl_clip_mode="clipped"),
+        "`kl_clip_mode='clipped'` evaluates the sampled token's KL weight at its clipped importance weight",
+    ),
+    (RPGConfig, dict(kl_to_go_baseline="mean"), "`kl_to_go_baseline` must be one of 'none', 'leave_one_out'"),
+    (
+        RPGConfig,
+        dict(kl_to_go_baseline="leave_one_out", kl_level="sequence"),
+        "`kl_to_go_baseline='leave_one_out'` needs the exact KL weights",
+    ),
+    (RPGConfig, dict(kl_to_go_baseline="leave_one_out"), "`kl_to_go_baseline='leave_one_out'` subtracts a baseline"),
     (RPGConfig, dict(rpg_clip="yes"), "`rpg_clip` must be a bool; got 'yes'"),
     (RPGConfig, dict(importance_weight_warning_threshold=0.5), "`importance_weight_warning_threshold` must be"),
     (RPGConfig, dict(kl_drift_warning="yes"), "`kl_drift_warning` must be True or False; got 'yes'"),
@@ -176,6 +189,8 @@ INVALID_CONFIGS = [
     (AsyncRPGConfig, dict(kl_level="sequence"), "`kl_level='sequence'` is not available with AsyncRPGTrainer"),
     (AsyncRPGConfig, dict(kl_clip_mode="none"), "`kl_clip_mode` must be one of"),
     (AsyncRPGConfig, dict(kl_to_go="k3"), "`kl_to_go='k3'` estimates the KL-to-go of each token"),
+    (AsyncRPGConfig, dict(kl_to_go_baseline="leave_one_out"), "`kl_to_go_baseline='leave_one_out'` subtracts a"),
+    (AsyncRPGConfig, dict(kl_estimate="vocabulary"), "`kl_estimate='vocabulary'` is not available with AsyncRPG"),
     (AsyncRPGConfig, dict(importance_weight_warning_threshold=1.0), "`importance_weight_warning_threshold` must be"),
     (AsyncRPGConfig, dict(kl_target=0.1), "`kl_target` (the adaptive KL coefficient) is not available with AsyncRPG"),
     (AsyncRPGConfig, dict(kl_horizon=100.0), "`kl_horizon` sets the adaptive KL coefficient, which only acts with"),

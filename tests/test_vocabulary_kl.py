@@ -173,11 +173,13 @@ def test_normalised_and_unnormalised_divergences_coincide_over_the_vocabulary(an
                 torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def enumerated_kl_gradients(divergence, anchor, policy, level, kl_estimate, clip=False):
+def enumerated_kl_gradients(divergence, anchor, policy, level, kl_estimate, clip=False, baseline="none"):
     """E_{y∼π_old}[∇ loss] over every completion of a tabular policy (vocabulary {0, 1, 2}, 2 tokens, no EOS), with
-    A = 0 (the KL alone), and the gradient of β·D between whole completions by float64 autograd of the enumerated D."""
+    A = 0 (the KL alone), and the gradient of β·D between whole completions by float64 autograd of the enumerated D.
+    With a baseline, over every pair of completions of one prompt (a group of 2: each one's baseline is the other's)."""
     vocabulary, length = 3, 2
-    ys = [(a, b) for a in range(vocabulary) for b in range(vocabulary)]
+    single = [(a, b) for a in range(vocabulary) for b in range(vocabulary)]
+    ys = single if baseline == "none" else [y for pair in zip(single * 9, sorted(single * 9)) for y in pair]
     # prefix index: () -> 0, (a,) -> 1 + a
     rng = np.random.default_rng(7)
 
@@ -190,16 +192,22 @@ def enumerated_kl_gradients(divergence, anchor, policy, level, kl_estimate, clip
     anchor_table = ref_table
     prefix = torch.tensor([[0, 1 + y[0]] for y in ys])  # (N, 2) prefix index per position
 
-    def token_logps(tab):
+    def token_logps(tab, seqs=ys):
         log_p = torch.log_softmax(tab, -1)
-        return torch.stack([log_p[prefix[:, t], torch.tensor([y[t] for y in ys])] for t in range(length)], -1)
+        index = torch.tensor([[0, 1 + y[0]] for y in seqs])
+        return torch.stack([log_p[index[:, t], torch.tensor([y[t] for y in seqs])] for t in range(length)], -1)
 
     N = len(ys)
     old_lp, ref_lp = token_logps(old_table), token_logps(ref_table)
     p_old = torch.exp(old_lp.sum(-1))
+    groups = None
+    if baseline != "none":  # row 2k and 2k + 1 are a pair, drawn with probability p(y)·p(y'); each row counts 1/2
+        groups = torch.arange(N) // 2
+        p_old = p_old.view(-1, 2).prod(-1).repeat_interleave(2) / 2
     mask = torch.ones(N, length, dtype=torch.float64)
     z = theta.clone().requires_grad_(True)
     kwargs = dict(divergence=divergence, beta=BETA, clip=clip, kl_level=level, kl_estimate=kl_estimate)
+    kwargs.update(kl_to_go_baseline=baseline, groups=groups)
     position = None
     if kl_estimate == "vocabulary":
         hidden = torch.nn.functional.one_hot(prefix, 1 + vocabulary).float()  # (N, 2, 4)
@@ -212,7 +220,7 @@ def enumerated_kl_gradients(divergence, anchor, policy, level, kl_estimate, clip
     (p_old * per_token.sum(-1)).sum().backward()
 
     w = z.detach().clone().requires_grad_(True)
-    log_p, log_q = token_logps(w).sum(-1), ref_lp.sum(-1)
+    log_p, log_q = token_logps(w, single).sum(-1), token_logps(ref_table, single).sum(-1)
     if divergence in ("fkl", "ufkl"):
         D = (torch.exp(log_q) * (log_q - log_p)).sum()
     else:
@@ -232,6 +240,33 @@ def test_sequence_level_vocabulary_kl_is_unbiased_by_enumeration(divergence, pol
     if policy == "off-policy" or anchor == "reference":
         assert expected.abs().max() > 1e-3
     np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-4, atol=2e-6)
+
+
+@pytest.mark.parametrize("kl_estimate", ["sample", "vocabulary"])
+@pytest.mark.parametrize("anchor", ["sampling", "reference"])
+@pytest.mark.parametrize("divergence", ["rkl", "urkl"])
+def test_the_leave_one_out_baseline_of_the_kl_to_go_is_unbiased_by_enumeration(divergence, anchor, kl_estimate):
+    """kl_to_go_baseline="leave_one_out" in groups of two: over every pair of completions the expected gradient is still
+    the gradient of β·D between whole completions (off-policy, both anchors, both estimates of each position's KL)."""
+    got, expected = enumerated_kl_gradients(
+        divergence, anchor, "off-policy", "sequence", kl_estimate, baseline="leave_one_out"
+    )
+    plain, _ = enumerated_kl_gradients(divergence, anchor, "off-policy", "sequence", kl_estimate)
+    assert expected.abs().max() > 1e-3
+    np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-4, atol=2e-6)
+    np.testing.assert_allclose(plain.numpy(), expected.numpy(), rtol=1e-4, atol=2e-6)
+
+
+def test_the_baseline_is_the_mean_over_the_other_completions_of_the_prompt():
+    from rpg_trl.losses.baseline import leave_one_out_mean
+
+    values = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]])
+    active = torch.tensor([[True, True], [True, False], [True, True], [True, True]])
+    groups = torch.tensor([4, 4, 4, 9])
+    # Row 0: (3 + 5)/2 and 6 (row 1 is inactive at t = 1); row 1 at its inactive t = 1, the others' (2 + 6)/2; row 3 is
+    # alone in its group.
+    expected = torch.tensor([[4.0, 6.0], [3.0, 4.0], [2.0, 2.0], [0.0, 0.0]])
+    torch.testing.assert_close(leave_one_out_mean(values, active, groups), expected, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("anchor", ["sampling", "reference"])

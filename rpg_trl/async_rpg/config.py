@@ -23,7 +23,8 @@ class AsyncRPGConfig(RPGLossArguments, KLControlArguments, ReliabilityArguments,
     and shared with [`RPGConfig`] (same names, defaults and checks): `divergence` (default `"urkl"`), `estimator`
     (`"reinforce"`), `rpg_clip` (`True`), `clip_c` (`10.0`), `kl_anchor` (`None` → `"sampling"`),
     `kl_importance_weight` (`True`), `kl_level` (`"token"`, the only level here), `kl_to_go` (`"log_ratio"`, the only
-    one at the token level), `kl_estimate` (`"sample"`, the only one here: the sampler's distributions are vLLM's),
+    one at the token level), `kl_estimate` (`"sample"`, the only one here: the sampler's distributions are vLLM's), `kl_to_go_baseline`
+    (`"none"`, the only one at the token level),
     `beta` (`1e-4`) and `epsilon_high` (`0.28`); `epsilon` (`0.2`) is TRL's. Paper Sec. 3-5
     and Appendix H. The reliability fields are declared once in [`rpg_trl.reliability.config.ReliabilityArguments`] and
     shared with [`RPGConfig`] too: `importance_weight_warning_threshold` (`100`), `kl_drift_warning` (`True`),

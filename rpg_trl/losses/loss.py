@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from .baseline import baselined_weight
 from .kl import sequence_kl, token_kl
 from .ratios import clip_regions, importance_ratios
 from .spec import RPGLossSpec
@@ -31,6 +32,7 @@ def rpg_per_token_loss(
     ref_logps: torch.Tensor | None = None,
     reward_mask: torch.Tensor | None = None,
     position_kl: torch.Tensor | None = None,
+    groups: torch.Tensor | None = None,
     **spec_fields,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Per-token RPG loss, before aggregation: returns ``(per_token_loss (B, T), per-token stats)``.
@@ -55,9 +57,19 @@ def rpg_per_token_loss(
     ``sequence_kl`` are then built from it ([`rpg_trl.losses.vocabulary.vocabulary_kl_term`]), and
     ``kl_gradient_weight`` is the KL term's per-token magnitude (``β·KL_t`` per token; ``β·(W<t·KL_t + G_t)`` over
     whole completions).
+
+    ``groups`` ((B,) integer labels, optional): the prompt of each completion, for ``kl_to_go_baseline=
+    "leave_one_out"``, whose baseline is the mean over the other completions of the same label (None: over all the
+    others; [`rpg_trl.losses.baseline`]).
     """
     spec = _resolve_spec(spec, spec_fields)
     _check_position_kl(spec, position_kl, logps)
+    baseline = None
+    if spec.kl_to_go_baseline == "leave_one_out":
+
+        def baseline(weight, ratios):
+            return baselined_weight(weight, ratios.prefixes.exact_log_W, ratios.active, groups)
+
     spec.warn_if_kl_can_push_away(separate_reference=ref_logps is not None, stacklevel=2)
     ratios = importance_ratios(logps, old_logps, ref_logps, mask > 0, spec.importance_sampling_level)
     dtype = ratios.w.dtype
@@ -72,12 +84,14 @@ def rpg_per_token_loss(
     # The two parts of the per-token gradient weight, computed once: the estimator gets K̃, the stats both parts.
     if position_kl is not None:  # kl_estimate="vocabulary": the KL term from each position's exact KL
         reward_weight = reward_gradient_weight(ratios, adv, regions, spec, reward_mask)
-        kl_term, kl_weight, whole_kl = vocabulary_kl_term(ratios, regions, spec, position_kl.to(dtype))
+        kl_term, kl_weight, whole_kl = vocabulary_kl_term(ratios, regions, spec, position_kl.to(dtype), baseline)
         per_token_loss = reward_per_token_loss(ratios, adv, regions, spec, reward_mask, reward_weight=reward_weight)
         per_token_loss = torch.add(per_token_loss, kl_term, alpha=spec.beta)
         logged_kl = torch.where(ratios.active, position_kl.detach().to(dtype), 0.0)
     else:
         reward_weight, kl_weight = gradient_weight_parts(ratios, adv, regions, spec, reward_mask)
+        if baseline is not None:
+            kl_weight = baseline(kl_weight, ratios)
         per_token_loss = ESTIMATOR_FUNCTIONS[spec.estimator](
             ratios, adv, regions, spec, reward_mask, kl_weight=kl_weight, reward_weight=reward_weight
         )
@@ -140,6 +154,7 @@ def rpg_loss(
     num_items: float | torch.Tensor | None = None,
     max_length: int | None = None,
     position_kl: torch.Tensor | None = None,
+    groups: torch.Tensor | None = None,
     **spec_fields,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     r"""Regularized Policy Gradient loss (paper Sec. 3-4; module docstring).
@@ -183,7 +198,9 @@ def rpg_loss(
             ``log ρ`` in each token's KL-to-go replaced by ``k3(ρ) = log ρ + 1/ρ − 1``, the same expectation with less
             noise, [`KL_TO_GO`]) and ``kl_estimate`` (``"sample"``: each position's KL estimated from its sampled
             token, the KL table; ``"vocabulary"``: computed exactly over the vocabulary, given as `position_kl`,
-            [`rpg_trl.losses.vocabulary`]).
+            [`rpg_trl.losses.vocabulary`]) and ``kl_to_go_baseline`` (``"none"``; ``"leave_one_out"`` with
+            ``kl_level="sequence"``, rkl or urkl and the exact weights: a per-position baseline subtracted from each
+            token's KL-to-go, unbiased, [`rpg_trl.losses.baseline`]).
         ref_logps (`torch.Tensor` of shape `(B, T)`, *optional*): ``log π_ref`` of the KL anchor. ``None`` anchors
             the KL to the sampling policy (``π_ref = π_old``, the paper's runs), which needs no reference model.
         num_items (`float` or `torch.Tensor`, *optional*): token-mean normaliser to use instead of ``mask.sum()``.
@@ -192,6 +209,8 @@ def rpg_loss(
         position_kl (`torch.Tensor` of shape `(B, T)`, *optional*): with ``kl_estimate="vocabulary"`` (and only
             then), each position's exact KL to the anchor, differentiable with respect to the policy
             ([`rpg_trl.losses.vocabulary.position_kl`]).
+        groups (`torch.Tensor` of shape `(B,)`, *optional*): each completion's prompt label, for the leave-one-out
+            baseline of ``kl_to_go_baseline="leave_one_out"`` (None: every completion in one group).
 
     Returns:
         `tuple[torch.Tensor, dict[str, torch.Tensor]]`: the scalar loss and detached metrics: ``kl`` (mean per-token
@@ -216,7 +235,7 @@ def rpg_loss(
     spec = _resolve_spec(spec, spec_fields)
     _check_shapes(logps, old_logps, advantages, mask, ref_logps)
     per_token_loss, stats = rpg_per_token_loss(
-        logps, old_logps, advantages, mask, spec, ref_logps=ref_logps, position_kl=position_kl
+        logps, old_logps, advantages, mask, spec, ref_logps=ref_logps, position_kl=position_kl, groups=groups
     )
     fmask = (mask > 0).to(per_token_loss.dtype)
     loss = aggregate_loss(per_token_loss, fmask, spec.aggregation, num_items, max_length)

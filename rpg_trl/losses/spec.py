@@ -35,6 +35,7 @@ from .surrogate import (
     AGGREGATIONS,
     ESTIMATORS,
 )
+from .baseline import DEFAULT_KL_TO_GO_BASELINE, KL_TO_GO_BASELINES
 from .vocabulary import DEFAULT_KL_ESTIMATE, KL_ESTIMATES, VOCABULARY_KL_CLIP_MODES
 
 
@@ -65,6 +66,8 @@ class RPGLossSpec:
     kl_to_go: str = DEFAULT_KL_TO_GO
     #: how each position's KL is estimated: from the sampled token, or exactly over the vocabulary ([`KL_ESTIMATES`])
     kl_estimate: str = DEFAULT_KL_ESTIMATE
+    #: a baseline subtracted from each token's KL-to-go at ``kl_level="sequence"`` ([`KL_TO_GO_BASELINES`])
+    kl_to_go_baseline: str = DEFAULT_KL_TO_GO_BASELINE
 
     def __post_init__(self):
         self.check()
@@ -145,6 +148,7 @@ class RPGLossSpec:
         _check_choice(n("kl_clip_mode"), self.kl_clip_mode, tuple(KL_CLIP_MODES))
         _check_choice(n("kl_to_go"), self.kl_to_go, KL_TO_GO)
         _check_choice(n("kl_estimate"), self.kl_estimate, KL_ESTIMATES)
+        _check_choice(n("kl_to_go_baseline"), self.kl_to_go_baseline, KL_TO_GO_BASELINES)
         _check_finite_number(n("beta"), self.beta, minimum=0.0)
         if not isinstance(self.clip, bool):
             raise ValueError(f"`{n('clip')}` must be a bool; got {self.clip!r}.")
@@ -176,6 +180,8 @@ class RPGLossSpec:
             )
         if self.kl_estimate == "vocabulary":
             _check_vocabulary_estimate(self, n)
+        if self.kl_to_go_baseline != DEFAULT_KL_TO_GO_BASELINE:
+            _check_kl_to_go_baseline(self, n)
         if self.kl_to_go != DEFAULT_KL_TO_GO:
             has_to_go = "to_go" in KL_TERMS[self.divergence].sequence_parts
             if self.kl_level != "sequence" or not has_to_go:
@@ -208,6 +214,24 @@ def _check_vocabulary_estimate(fields, n) -> None:
             f"`{n('kl_to_go')}={fields.kl_to_go!r}` replaces the later tokens' sampled log-ratios in each KL-to-go; "
             f"with {n('kl_estimate')}='vocabulary' the KL-to-go is built from the exact per-position KLs. Leave "
             f"{n('kl_to_go')}={DEFAULT_KL_TO_GO!r}."
+        )
+
+
+def _check_kl_to_go_baseline(fields, n) -> None:
+    """A baseline of the KL-to-go needs a KL-to-go (the sequence level, rkl or urkl) and the exact weights."""
+    has_to_go = "to_go" in KL_TERMS[fields.divergence].sequence_parts
+    if fields.kl_level != "sequence" or not has_to_go:
+        raise ValueError(
+            f"`{n('kl_to_go_baseline')}={fields.kl_to_go_baseline!r}` subtracts a baseline from each token's KL-to-go "
+            f"(the KL of the tokens after it), which only the reverse divergences have over whole completions: it needs "
+            f"{n('kl_level')}='sequence' and {n('divergence')} in ['rkl', 'urkl']; got {n('kl_level')}="
+            f"{fields.kl_level!r}, {n('divergence')}={fields.divergence!r}."
+        )
+    if fields.clip and fields.kl_clip_mode != "exact":
+        raise ValueError(
+            f"`{n('kl_to_go_baseline')}={fields.kl_to_go_baseline!r}` needs the exact KL weights, W≤t times the KL-to-go "
+            f"relative to the prefix; `{n('kl_clip_mode')}={fields.kl_clip_mode!r}` changes them outside the trust "
+            f"region. Use {n('kl_clip_mode')}='exact' (or {n('clip')}=False) with it."
         )
 
 

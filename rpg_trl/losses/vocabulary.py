@@ -165,7 +165,7 @@ def _capped_exp(log_x: torch.Tensor) -> torch.Tensor:
 
 
 def vocabulary_kl_term(
-    ratios: RatioTensors, regions: ClipRegions, spec: LossSpecFields, kl: torch.Tensor
+    ratios: RatioTensors, regions: ClipRegions, spec: LossSpecFields, kl: torch.Tensor, baseline=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The KL term of the per-token loss from the exact per-position KLs `kl` ((B, T), differentiable, 0 on inactive
     positions), unscaled by β, and its detached stats: ``(loss term (B, T), KL weight magnitude (B, T), sequence KL
@@ -174,7 +174,8 @@ def vocabulary_kl_term(
     The loss term's value is each position's estimate (``KL_t``, or ``W<t·KL_t`` / ``R<t·KL_t`` at the sequence level)
     and its gradient the module docstring's; the weight magnitude is ``W<t·KL_t + G_t`` (``KL_t`` at the token level),
     the logged ``kl/weight_share``'s numerator; the sequence KL is each completion's ``Σ_t W<t·KL_t`` (reverse) or
-    ``Σ_t R<t·KL_t`` (forward), at either level (the logged ``kl/sequence``)."""
+    ``Σ_t R<t·KL_t`` (forward), at either level (the logged ``kl/sequence``). `baseline`: ``(weight, ratios) ->
+    weight``, applied to the KL-to-go ``G_t`` (``kl_to_go_baseline``, [`rpg_trl.losses.baseline`])."""
     term = spec.kl_term
     reverse = term.direction == "reverse"
     active = ratios.active
@@ -209,6 +210,8 @@ def vocabulary_kl_term(
             log_to_go = log_to_go - (largest_later - log_c).clamp(min=0.0)
         direct = torch.where(active, _capped_exp(log_direct), 0.0)
         to_go = torch.zeros_like(direct) if log_to_go is None else torch.where(active, _capped_exp(log_to_go), 0.0)
+        if baseline is not None:
+            to_go = baseline(to_go, ratios)
         if stopped:
             direct = direct.masked_fill(regions.any, 0.0)
             to_go = to_go.masked_fill(regions.any, 0.0)
@@ -216,4 +219,4 @@ def vocabulary_kl_term(
     log_ratio = ratios.token_log_ratio
     # Value: W<t·KL_t (the estimate); gradient: the direct term's weight times ∇KL_t, and G_t on log π_θ(y_t).
     loss = value_weight * kl.detach() + direct * (kl - kl.detach()) + to_go * (log_ratio - log_ratio.detach())
-    return loss, (value_weight * kl.detach() + to_go), sequence_kl
+    return loss, (value_weight * kl.detach() + to_go.abs()), sequence_kl

@@ -1,5 +1,6 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-r"""``rpg-trl bench-kl-variance``: the noise of the sequence-level KL gradient at length, for each ``kl_to_go``.
+r"""``rpg-trl bench-kl-variance``: the noise of the KL gradient at length, for each ``kl_to_go``, ``kl_estimate`` and
+baseline of the KL-to-go.
 
 With ``kl_level="sequence"`` each token's KL weight holds its KL-to-go, a sum over the tokens after it
 (``rpg_trl.losses``, docs/design.md, "The KL-to-go at length"). Sampled as it is (``kl_to_go="log_ratio"``), that sum
@@ -18,7 +19,10 @@ runs) and ``"reference"`` (a separate reference model).
 
 **The estimates.** ``num_completions`` completions of exactly ``T`` tokens are sampled from π_old; each one's KL
 gradient is ``Σ_t K_t·∇log π_θ(y_t|y_{t−1})`` with ``K_t`` from ``rpg_trl.losses.rpg_per_token_loss`` (A = 0, β = 1,
-``kl_level="sequence"``, ``clip=False``: the exact weights, no truncation), for each ``kl_to_go``. Reported per
+``clip=False``: the exact weights, no truncation), for each entry of [`ESTIMATES`]: both KL levels, each ``kl_to_go``,
+each position's KL sampled or exact over the vocabulary (``kl_estimate="vocabulary"``, which adds the direct gradient
+of each position's KL), and the KL-to-go with or without its leave-one-out baseline over groups of ``group_size``
+consecutive completions (one prompt's group). Reported per
 (anchor, divergence, length, ``kl_to_go``): the relative bias ``‖ḡ − ∇D‖/‖∇D‖`` with its standard error (the
 estimate is unbiased when the bias is within a few standard errors), the variance per completion relative to the
 signal, ``E‖g − ḡ‖²/‖∇D‖²`` (the number of completions a batch needs before its gradient's error is as large as the
@@ -43,13 +47,21 @@ ANCHORS = ("sampling", "reference")
 #: where a prefix ratio passes c = 10, bounded), and the token level, exact and truncated (RPG's default). The token
 #: level's expectation is not the gradient of the divergence between whole completions: its bias is the price of its
 #: lower variance.
+#: Each estimate also names how each position's KL is estimated (``kl_estimate``: ``"sample"``, the sampled token's
+#: log-ratio; ``"vocabulary"``, exactly over the vocabulary) and the KL-to-go's baseline (``kl_to_go_baseline``:
+#: ``"none"`` or ``"leave_one_out"``, the mean over the other completions of a group of ``group_size`` at each
+#: position): ``(kl_level, kl_to_go, kl_clip_mode, kl_estimate, kl_to_go_baseline)``.
 ESTIMATES = (
-    ("sequence", "log_ratio", "exact"),
-    ("sequence", "k3", "exact"),
-    ("sequence", "log_ratio", "truncated"),
-    ("sequence", "k3", "truncated"),
-    ("token", "log_ratio", "exact"),
-    ("token", "log_ratio", "truncated"),
+    ("sequence", "log_ratio", "exact", "sample", "none"),
+    ("sequence", "k3", "exact", "sample", "none"),
+    ("sequence", "log_ratio", "truncated", "sample", "none"),
+    ("sequence", "k3", "truncated", "sample", "none"),
+    ("token", "log_ratio", "exact", "sample", "none"),
+    ("token", "log_ratio", "truncated", "sample", "none"),
+    ("token", "log_ratio", "exact", "vocabulary", "none"),
+    ("sequence", "log_ratio", "exact", "vocabulary", "none"),
+    ("sequence", "k3", "exact", "sample", "leave_one_out"),
+    ("sequence", "log_ratio", "exact", "vocabulary", "leave_one_out"),
 )
 
 
@@ -71,6 +83,13 @@ class KLVarianceArguments:
     theta_shift: float = field(default=0.1, metadata={"help": "Scale of π_θ − π_old (logits)."})
     num_completions: int = field(default=4096, metadata={"help": "Completions sampled from π_old per length."})
     batch_size: int = field(default=64, metadata={"help": "Completions per batch for the half-batch cosine."})
+    group_size: int = field(
+        default=16,
+        metadata={
+            "help": "Completions per prompt for the leave-one-out baseline of the KL-to-go (the paper's runs: 16); "
+            "must divide num_completions (and batch_size / 2, for the halves of a batch to hold whole groups)."
+        },
+    )
     seed: int = field(default=0, metadata={"help": "Seed of the policies and of the samples."})
     num_threads: int = field(default=1, metadata={"help": "torch threads."})
     output_dir: str = field(default="runs/kl_variance", metadata={"help": "Where the table, results and figure go."})
@@ -100,6 +119,11 @@ class KLVarianceArguments:
             raise ValueError(
                 f"`num_completions` must be at least 2 × batch_size = {2 * self.batch_size} (two batches for the "
                 f"half-batch cosine); got {self.num_completions!r}."
+            )
+        if not isinstance(self.group_size, int) or self.group_size < 2 or self.num_completions % self.group_size:
+            raise ValueError(
+                f"`group_size` must be an integer >= 2 that divides num_completions = {self.num_completions}; got "
+                f"{self.group_size!r}."
             )
 
 
@@ -168,26 +192,48 @@ def per_completion_gradients(
     kl_level: str = "sequence",
     kl_clip_mode: str = "exact",
     chunk: int = 256,
+    kl_estimate: str = "sample",
+    kl_to_go_baseline: str = "none",
+    group_size: int | None = None,
 ):
     """(N, (V + 1)·V): each completion's KL gradient ``Σ_t K_t·∇_θ log π_θ(y_t|y_{t−1})``, ``K_t`` from the loss
     (``kl_clip_mode="exact"``: the clip off; another mode: the clip on, which with A = 0 leaves only that mode's KL
-    weight)."""
+    weight). With ``kl_estimate="vocabulary"`` each position's exact KL (the softmax row of ``y_{t−1}`` against the
+    anchor's) enters the loss as `position_kl`, and its direct term ``c_t·∇_θ KL_t`` (``c_t``: the loss's gradient with
+    respect to it) is added in row ``y_{t−1}``. `kl_to_go_baseline`: the loss's, over groups of `group_size`
+    consecutive completions."""
     import torch
 
-    from rpg_trl.losses import rpg_per_token_loss
+    from rpg_trl.losses import KL_TERMS, rpg_per_token_loss
 
     probs = torch.softmax(theta, -1)
     rows, vocab = theta.shape
     old_lp = token_logps(old, ys)
     ref_lp = None if anchor == "sampling" else token_logps(ref, ys)
     logps = token_logps(theta, ys).detach().requires_grad_(True)
+    previous = torch.cat([torch.full_like(ys[:, :1], rows - 1), ys[:, :-1]], -1)
+    inputs = [logps]
+    position = None
+    if kl_estimate == "vocabulary":
+        log_p = torch.log_softmax(theta, -1)
+        log_q = torch.log_softmax(old if anchor == "sampling" else ref, -1)
+        if KL_TERMS[divergence].direction == "reverse":
+            state_kl = (log_p.exp() * (log_p - log_q)).sum(-1)
+            state_grad = log_p.exp() * (log_p - log_q - state_kl[:, None])  # ∂KL(p‖q)/∂logits of the row
+        else:
+            state_kl = (log_q.exp() * (log_q - log_p)).sum(-1)
+            state_grad = log_p.exp() - log_q.exp()
+        position = state_kl[previous].detach().requires_grad_(True)
+        inputs.append(position)
+    groups = None if group_size is None else torch.arange(ys.shape[0]) // group_size
     per_token, _ = rpg_per_token_loss(
         logps, old_lp, torch.zeros(ys.shape[0], dtype=theta.dtype), torch.ones_like(old_lp), ref_logps=ref_lp,
         divergence=divergence, beta=1.0, clip=kl_clip_mode != "exact", kl_level=kl_level, kl_to_go=kl_to_go,
-        kl_clip_mode=kl_clip_mode,
+        kl_clip_mode=kl_clip_mode, kl_estimate=kl_estimate, kl_to_go_baseline=kl_to_go_baseline,
+        position_kl=position, groups=groups,
     )  # fmt: skip
-    (weights,) = torch.autograd.grad(per_token.sum(), logps)  # K_t (the reinforce loss's gradient is β·K)
-    previous = torch.cat([torch.full_like(ys[:, :1], rows - 1), ys[:, :-1]], -1)
+    # K_t (the reinforce loss's gradient is β·K), and with the vocabulary estimate c_t
+    weights, *direct = torch.autograd.grad(per_token.sum(), inputs)
     out = []
     for start in range(0, ys.shape[0], chunk):
         y, prev, k = ys[start : start + chunk], previous[start : start + chunk], weights[start : start + chunk]
@@ -197,6 +243,9 @@ def per_completion_gradients(
         # K_t·(e_{y_t} − π_θ(·|y_{t−1})) in row y_{t−1}: the score of a softmax row.
         grad.index_put_((sample, prev, y), k, accumulate=True)
         grad.index_put_((sample, prev), -k[..., None] * probs[prev], accumulate=True)
+        if direct:
+            c = direct[0][start : start + chunk]
+            grad.index_put_((sample, prev), c[..., None] * state_grad[prev], accumulate=True)
         out.append(grad.flatten(1))
     return torch.cat(out)
 
@@ -238,10 +287,14 @@ def run_kl_variance(args: KLVarianceArguments, progress=None) -> dict:
             (exact,) = torch.autograd.grad(exact_kl(theta_grad, ref, length), theta_grad)
             ys = sample_completions(old, args.num_completions, length, generator)
             for divergence in args.divergences:
-                for kl_level, kl_to_go, mode in ESTIMATES:
-                    grads = per_completion_gradients(theta, old, ref, ys, divergence, kl_to_go, anchor, kl_level, mode)
+                for kl_level, kl_to_go, mode, kl_estimate, baseline in ESTIMATES:
+                    grads = per_completion_gradients(
+                        theta, old, ref, ys, divergence, kl_to_go, anchor, kl_level, mode, kl_estimate=kl_estimate,
+                        kl_to_go_baseline=baseline, group_size=args.group_size if baseline != "none" else None,
+                    )  # fmt: skip
                     row = {"anchor": anchor, "divergence": divergence, "length": length, "kl_level": kl_level}
-                    row.update(kl_to_go=kl_to_go, kl_clip_mode=mode)
+                    row.update(kl_to_go=kl_to_go, kl_clip_mode=mode, kl_estimate=kl_estimate)
+                    row.update(kl_to_go_baseline=baseline)
                     row.update(gradient_statistics(grads, exact.flatten(), args.batch_size))
                     rows.append(row)
                     if progress is not None:
@@ -254,16 +307,29 @@ def run_kl_variance(args: KLVarianceArguments, progress=None) -> dict:
     }
 
 
-def estimate_of(row: dict) -> tuple[str, str, str]:
-    """The ``(kl_level, kl_to_go, kl_clip_mode)`` of a row."""
-    return row["kl_level"], row["kl_to_go"], row["kl_clip_mode"]
+def estimate_of(row: dict) -> tuple[str, str, str, str, str]:
+    """The ``(kl_level, kl_to_go, kl_clip_mode, kl_estimate, kl_to_go_baseline)`` of a row (the last two
+    ``"sample"`` and ``"none"`` in reports written before they were measured)."""
+    return (
+        row["kl_level"],
+        row["kl_to_go"],
+        row["kl_clip_mode"],
+        row.get("kl_estimate", "sample"),
+        row.get("kl_to_go_baseline", "none"),
+    )
 
 
 def estimate_name(row: dict) -> str:
     """How the tables and the figure name a row's estimate."""
-    if row["kl_level"] == "token":
-        return f"token level, {row['kl_clip_mode']}"
-    return f"sequence, kl_to_go={row['kl_to_go']}, {row['kl_clip_mode']}"
+    kl_level, kl_to_go, mode, kl_estimate, baseline = estimate_of(row)
+    extra = (", exact per-position KL" if kl_estimate == "vocabulary" else "") + (
+        ", leave-one-out baseline" if baseline != "none" else ""
+    )
+    if kl_level == "token":
+        return f"token level, {mode}{extra}"
+    if kl_estimate == "vocabulary":
+        return f"sequence, {mode}{extra}"
+    return f"sequence, kl_to_go={kl_to_go}, {mode}{extra}"
 
 
 def markdown_table(report: dict) -> str:
@@ -275,7 +341,8 @@ def markdown_table(report: dict) -> str:
         f"{args['theta_shift']}), {args['num_completions']} completions from π_old per length, seed "
         f"{args['seed']}; exact: the clip off, truncated: the default kl_clip_mode (c = 10). Bias: ‖mean − exact‖/‖exact‖ (± its standard error); variance: "
         "E‖g − mean‖²/‖exact‖² per completion; cosine: between the two halves of a batch of "
-        f"{args['batch_size']} completions.",
+        f"{args['batch_size']} completions; exact per-position KL: kl_estimate='vocabulary'; leave-one-out baseline: "
+        f"kl_to_go_baseline='leave_one_out' over groups of {args.get('group_size', 16)} completions.",
         "",
         "| Anchor | Divergence | T | Estimate | Bias (± s.e.) | Variance per completion | Variance: sequence "
         "log_ratio exact / this | Half-batch cosine |",
@@ -314,7 +381,8 @@ def plot(report: dict, path: Path) -> None:
             if not rows:
                 continue
             style = dict(color=colours(index), marker="o" if estimate[2] == "exact" else "x",
-                         linestyle=":" if estimate[0] == "token" else ("--" if estimate[1] == "k3" else "-"))  # fmt: skip
+                         linestyle=":" if estimate[0] == "token" else ("--" if estimate[1] == "k3" else "-"),
+                         linewidth=2.5 if estimate[3] == "vocabulary" else 1.5)  # fmt: skip
             lengths = [r["length"] for r in rows]
             axes[0, column].plot(
                 lengths, [r["relative_variance"] for r in rows], label=estimate_name(rows[0]), **style
@@ -328,9 +396,9 @@ def plot(report: dict, path: Path) -> None:
     axes[0, 0].set_ylabel("variance per completion / ‖∇D‖²")
     axes[1, 0].set_ylabel(f"half-batch cosine ({report['arguments']['batch_size']} completions)")
     handles, labels = axes[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8)
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
     fig.suptitle("Sequence-level KL gradient against length: noise and agreement of two half-batches", fontsize=10)
-    fig.tight_layout(rect=(0, 0.1, 1, 0.97))
+    fig.tight_layout(rect=(0, 0.16, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -344,7 +412,7 @@ def add_parser(subparsers):
     """Register ``rpg-trl bench-kl-variance`` (see [`rpg_research.cli`])."""
     return subparsers.add_parser(
         "bench-kl-variance",
-        help="Bias and variance of the sequence-level KL gradient at length, kl_to_go='log_ratio' against 'k3'.",
+        help="Bias and variance of the KL gradient at length: each kl_level, kl_to_go, kl_estimate and baseline.",
         description="Sample completions of a Markov-chain policy whose KL gradient is known exactly; measure each "
         "kl_to_go's bias, variance per completion and half-batch cosine at each length; write table.md, "
         "results.json and kl_variance.png.",

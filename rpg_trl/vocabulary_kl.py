@@ -219,3 +219,53 @@ class VocabularyKLMixin:
             temperature=self.temperature,
             **head_transform(scoring.causal_lm.config),
         )
+
+
+def memory_estimate(
+    hidden_size: int,
+    vocab_size: int,
+    completion_length: int,
+    generation_batch: int,
+    micro_batch: int,
+    bytes_per_value: int = 2,
+    head_trains: bool = True,
+) -> dict[str, int]:
+    """What ``kl_estimate="vocabulary"`` adds to a process's memory, in bytes, from the shapes alone (no allocation):
+
+    * ``anchor_hidden_states``: the anchor's states in the generation batch, ``generation_batch × length × H`` values
+      of the model's dtype (`bytes_per_value`), held from generation to the batch's last micro-step;
+    * ``anchor_head_copy``: π_old's head copied at generation when it trains (`head_trains`: full fine-tuning; not with
+      LoRA, and not for a reference model without syncs), ``V × H`` values;
+    * ``kernel_tiles``: the kernel's two float32 tiles, ``min(N, 4096) × min(V, 32768)`` each, during the loss's forward
+      and backward passes (``N = micro_batch × length`` positions);
+    * ``head_gradient``: the kernel's float32 accumulator of the head's gradient, ``V × H`` (when the head trains), and
+      ``hidden_gradient``, of the states' gradient, ``N × H``, during the backward pass."""
+    positions = micro_batch * completion_length
+    tile = min(positions, 4096) * min(vocab_size, 32768) * 4
+    return {
+        "anchor_hidden_states": generation_batch * completion_length * hidden_size * bytes_per_value,
+        "anchor_head_copy": vocab_size * hidden_size * bytes_per_value if head_trains else 0,
+        "kernel_tiles": 2 * tile,
+        "head_gradient": vocab_size * hidden_size * 4 if head_trains else 0,
+        "hidden_gradient": positions * hidden_size * 4,
+    }
+
+
+#: Model shapes of the memory table in the docs (hidden size, vocabulary).
+MEMORY_TABLE_MODELS = {"Qwen3-0.6B": (1024, 151_936), "Qwen3-4B": (2560, 151_936)}
+
+
+def memory_table(completion_length: int = 4096, generation_batch: int = 64, micro_batch: int = 8) -> str:
+    """[`memory_estimate`] as a Markdown table (MiB) for the shapes of [`MEMORY_TABLE_MODELS`], bf16 weights, full
+    fine-tuning and LoRA: ``python -c "from rpg_trl.vocabulary_kl import memory_table; print(memory_table())"``."""
+    rows = [
+        f"| model, {completion_length} tokens | training | anchor states ({generation_batch} completions) | head copy | "
+        f"kernel tiles | head gradient (fp32) | states' gradient (fp32, {micro_batch} completions) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, (hidden, vocab) in MEMORY_TABLE_MODELS.items():
+        for training, trains in (("full", True), ("LoRA", False)):
+            m = memory_estimate(hidden, vocab, completion_length, generation_batch, micro_batch, head_trains=trains)
+            cells = [f"{m[key] / 2**20:,.0f}" for key in m]
+            rows.append(f"| {name} | {training} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)

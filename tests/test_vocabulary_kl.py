@@ -95,8 +95,11 @@ def test_position_kl_and_its_gradient_equal_float64_full_logits(direction, vocab
         assert (got.double() - want).norm() <= 1e-4 * want.norm() + 1e-7
 
 
-def test_tiling_over_positions_changes_nothing(monkeypatch):
-    """Positions cut into calls of 3 (each call's tiles hold 3 rows) give the KL and gradients of one call over all."""
+def test_tiling_over_positions_and_words_changes_nothing(monkeypatch):
+    """Tiles of 3 positions × 4 words (TRL's kernel's tile sizes, set small) give the KL and gradients of one tile that
+    holds every position and word."""
+    from trl.kernels import chunked_divergence
+
     g = torch.Generator().manual_seed(1)
     hidden, anchor = torch.randn(2, 7, 5, generator=g), torch.randn(2, 7, 5, generator=g)
     weight, anchor_weight = torch.randn(13, 5, generator=g), torch.randn(13, 5, generator=g)
@@ -110,7 +113,8 @@ def test_tiling_over_positions_changes_nothing(monkeypatch):
         return kl.detach(), h.grad, w.grad
 
     whole = run()
-    monkeypatch.setattr(vocab, "POSITION_CHUNK", 3)
+    monkeypatch.setattr(chunked_divergence, "TOKEN_CHUNK_SIZE", 3)
+    monkeypatch.setattr(chunked_divergence, "VOCAB_CHUNK_SIZE", 4)
     pieces = run()
     for a, b in zip(whole, pieces, strict=True):  # up to the float32 rounding of matrix products of other shapes
         assert (a - b).norm() <= 1e-5 * b.norm()
@@ -463,3 +467,35 @@ def test_a_training_head_is_copied_at_generation_for_the_sampling_anchor(tiny_mo
     weight, bias = trainer._vocabulary_anchor_heads["train"]
     head = trainer.model.get_output_embeddings().weight
     assert torch.equal(weight, head) and weight.data_ptr() != head.data_ptr() and not weight.requires_grad
+
+
+def test_the_trainer_labels_each_completion_by_its_prompt_for_the_baseline(tiny_model_dir, tmp_path, monkeypatch):
+    """kl_to_go_baseline="leave_one_out" in RPGTrainer: the loss gets one label per prompt (the completions of a group
+    share it), and trains; without the baseline it gets none."""
+    import rpg_trl.trainer as trainer_module
+
+    seen = []
+    loss_function = trainer_module.rpg_per_token_loss
+
+    def keep_groups(*args, groups=None, **kwargs):
+        seen.append(groups)
+        return loss_function(*args, groups=groups, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "rpg_per_token_loss", keep_groups)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, kl_estimate="vocabulary", kl_level="sequence", kl_clip_mode="exact",
+        kl_to_go_baseline="leave_one_out", beta=BETA, steps_per_generation=2,
+    )  # fmt: skip
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS["prompt"][:4] for _ in range(4)])
+    loss, grads = loss_and_grad(trainer, batch)
+    groups, prompts = seen[-1], batch["prompt_ids"]
+    assert groups.shape == (16,) and len(set(groups.tolist())) == 4
+    for i in range(16):
+        for j in range(16):
+            assert (groups[i] == groups[j]) == torch.equal(prompts[i], prompts[j])
+    assert torch.isfinite(loss) and torch.isfinite(grads).all()
+    plain = make_trainer(tiny_model_dir, tmp_path / "plain", kl_estimate="vocabulary", beta=BETA)
+    plain.model.train()
+    loss_and_grad(plain, plain._generate_and_score_completions([{"prompt": p} for p in PROMPTS["prompt"][:8]]))
+    assert seen[-1] is None

@@ -53,9 +53,6 @@ KL_ESTIMATES = ("sample", "vocabulary")
 DEFAULT_KL_ESTIMATE = "sample"
 #: The `kl_clip_mode` values that have a meaning with ``kl_estimate="vocabulary"`` (module docstring).
 VOCABULARY_KL_CLIP_MODES = ("exact", "truncated", "stopped")
-#: Positions per call of the tiled kernel: its two fp32 tiles hold at most this many rows (TRL's kernel sizes them
-#: ``min(N, 4096)`` × 32768 and holds the rows' hidden states for its backward pass).
-POSITION_CHUNK = 4096
 
 
 def _divergence_kernel():
@@ -89,7 +86,8 @@ def vocabulary_kl(
     "reverse"``) or ``KL(q‖p)`` (``"forward"``), with ``p = softmax(transform(h_θ·W_θᵀ + b_θ)/temperature)`` the
     policy's and ``q`` the anchor's (its hidden states and head, treated as constants). ``transform`` is the model's
     ``logit_scale`` and ``final_logit_softcapping``, as TRL's fused LM head applies them. Computed in tiles of positions
-    × vocabulary by TRL's kernel, the logits in float32; differentiable with respect to the policy's hidden states
+    × vocabulary by TRL's kernel (4096 × 32768, two float32 tiles, recomputed in the backward pass), the logits in
+    float32; differentiable with respect to the policy's hidden states
     (``(N, H)``) and head (``(V, H)`` weight, optional ``(V,)`` bias), exactly: ``∇KL(p‖q) = p ⊙ (log p/q − KL)`` and
     ``∇KL(q‖p) = p − q`` per logit."""
     if direction not in ("reverse", "forward"):
@@ -106,28 +104,26 @@ def vocabulary_kl(
             f"The policy's and the anchor's heads must share the vocabulary; got {weight.shape[0]} and "
             f"{anchor_weight.shape[0]} rows."
         )
-    kl = []
-    for start in range(0, policy_hidden.shape[0], POSITION_CHUNK):
-        rows = slice(start, start + POSITION_CHUNK)
-        divergence, _entropy = kernel.apply(
-            policy_hidden[rows],
-            weight,
-            bias,
-            anchor_hidden[rows].detach(),
-            anchor_weight.detach(),
-            None if anchor_bias is None else anchor_bias.detach(),
-            1.0 if direction == "reverse" else 0.0,
-            temperature,
-            logit_scale,
-            final_logit_softcapping,
-            logit_scale,
-            final_logit_softcapping,
-        )
-        kl.append(divergence)
-    if not kl:
-        return policy_hidden.new_zeros((0,), dtype=torch.float32)
+    if policy_hidden.shape[0] == 0:
+        return policy_hidden.new_zeros((0,), dtype=torch.float32) + 0.0 * weight.sum()
+    # One call: the kernel loops over tiles of 4096 positions × 32768 words itself, and its backward pass accumulates
+    # the head's gradient once for all of them.
+    divergence, _entropy = kernel.apply(
+        policy_hidden,
+        weight,
+        bias,
+        anchor_hidden.detach(),
+        anchor_weight.detach(),
+        None if anchor_bias is None else anchor_bias.detach(),
+        1.0 if direction == "reverse" else 0.0,
+        temperature,
+        logit_scale,
+        final_logit_softcapping,
+        logit_scale,
+        final_logit_softcapping,
+    )
     # A KL is >= 0; the online logsumexp can round a vanishing one a few ulps below 0.
-    return torch.cat(kl).clamp(min=0.0)
+    return divergence.clamp(min=0.0)
 
 
 def position_kl(

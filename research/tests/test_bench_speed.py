@@ -85,6 +85,8 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
         "(A/A) GRPO vs GRPO, the same run",
         "(a) RPG sampling anchor vs GRPO beta>0",
         "(b) RPG reference model vs GRPO beta>0",
+        "(d) RPG exact per-position KL vs sampled KL",
+        "(d') RPG exact per-position KL vs GRPO beta>0",
     }
     # What was timed travels with the figures; one repeat gives no noise band, so (b) cannot be judged.
     assert (
@@ -92,15 +94,16 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
         in report["conditions"]
     )
     assert report["conditions"] in proc.stdout and report["noise_band"] is None
-    assert set(report["targets"]) == {"(a) time", "(a) memory", "(b)", "(c)"}
+    assert set(report["targets"]) == {"(a) time", "(a) memory", "(b)", "(d)", "(c)"}
+    assert "target (d): mean step-time ratio" in proc.stdout
     assert report["targets"]["(b)"]["met"] is None and "target (c): ratio" in proc.stdout
     runs = report["runs"]
-    assert list(runs) == ["grpo-ref", "grpo-ref-2", "rpg-sampling", "rpg-reference"]
+    assert list(runs) == ["grpo-ref", "grpo-ref-2", "rpg-sampling", "rpg-reference", "rpg-vocabulary"]
     assert all(run["vocab_size"] == 500 for run in runs.values())
     # Every step's time is saved (warm-up included), per run and repeat.
     assert [len(steps) for steps in report["per_repeat"]["grpo-ref"]] == [4]
     assert report["per_repeat_breakdown_s"]["grpo-ref"] == [runs["grpo-ref"]["breakdown_s"]]  # one repeat: its own
-    assert report["orders"] == [["grpo-ref", "grpo-ref-2", "rpg-sampling", "rpg-reference"]]
+    assert report["orders"] == [["grpo-ref", "grpo-ref-2", "rpg-sampling", "rpg-reference", "rpg-vocabulary"]]
     assert report["processes"] == {"finished": 1, "planned": 1}
     assert all(run["parameter_dtypes"] == ["float32"] for run in runs.values())
     # One repeat: no interval anywhere, and (b) says so.
@@ -126,8 +129,8 @@ def test_bench_speed_quick_writes_its_json(tmp_path):
     assert runs["grpo-ref"]["breakdown_s"]["scoring: reference log-probs"] > 0
     assert runs["rpg-reference"]["breakdown_s"]["scoring: reference log-probs"] > 0
     assert (
-        "| where a step's time goes (ms per step) | grpo-ref | grpo-ref-2 | rpg-sampling | rpg-reference |"
-        in proc.stdout
+        "| where a step's time goes (ms per step) | grpo-ref | grpo-ref-2 | rpg-sampling | rpg-reference | "
+        "rpg-vocabulary |" in proc.stdout
     )
     # The loss alone runs in training mode, timed by torch.utils.benchmark.
     assert report["loss_only"]["ratio"] > 0 and report["loss_only"]["model_training"] is True

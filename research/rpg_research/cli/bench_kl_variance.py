@@ -397,7 +397,7 @@ def plot(report: dict, path: Path) -> None:
     axes[1, 0].set_ylabel(f"half-batch cosine ({report['arguments']['batch_size']} completions)")
     handles, labels = axes[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7)
-    fig.suptitle("Sequence-level KL gradient against length: noise and agreement of two half-batches", fontsize=10)
+    fig.suptitle("KL gradient against length: noise and agreement of two half-batches", fontsize=10)
     fig.tight_layout(rect=(0, 0.16, 1, 0.97))
     fig.savefig(path, dpi=110)
     plt.close(fig)

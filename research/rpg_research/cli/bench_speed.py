@@ -16,6 +16,9 @@ with a 95 % Student-t interval, for
   anchor saves >= 90 % of the measured reference pass and, with full fine-tuning, one copy of the weights,
 * (b) RPG with a reference model vs the same GRPO (equal settings): target, no difference detected (the ratio's
   interval holds 1.00; the A/A pair's interval says how large a difference the repeats could detect),
+* (d) RPG with each position's KL exact over the vocabulary (``kl_estimate="vocabulary"``, sampling anchor) vs the
+  sampled estimate of (a)'s run, and vs GRPO with `beta > 0` (d'): target, the step time's mean ratio to the sampled
+  estimate's <= 1.15 and its peak memory's <= 1.10,
 * (c) the loss alone on large tensors (default B=64, T=4096), in training mode ([`rpg_research.cli.bench_loss`]):
   target, the mean of the paired rounds' ratios <= 1.00 (with its 95 % interval, and what each loss dispatches:
   operators, kernels, waits for the device),
@@ -59,6 +62,8 @@ SCENARIOS = {
     "grpo-ref-2": ("grpo", {"beta": 1e-4}),  # the A/A pair: the same run again
     "rpg-sampling": ("rpg", {"beta": 1e-4, "kl_anchor": "sampling"}),
     "rpg-reference": ("rpg", {"beta": 1e-4, "kl_anchor": "reference"}),
+    # (d): each position's KL exactly over the vocabulary, beside the sampled estimate of rpg-sampling.
+    "rpg-vocabulary": ("rpg", {"beta": 1e-4, "kl_anchor": "sampling", "kl_estimate": "vocabulary"}),
 }
 #: Qwen3's vocabulary (the tokenizer of every Qwen3 size): `--vocab-size` for a bench that weighs like a user's model.
 QWEN3_VOCAB_SIZE = 151_936

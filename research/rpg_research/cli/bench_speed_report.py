@@ -33,10 +33,14 @@ COMPARISONS = [
     ("(A/A) GRPO vs GRPO, the same run", "grpo-ref-2", "grpo-ref"),
     ("(a) RPG sampling anchor vs GRPO beta>0", "rpg-sampling", "grpo-ref"),
     ("(b) RPG reference model vs GRPO beta>0", "rpg-reference", "grpo-ref"),
+    ("(d) RPG exact per-position KL vs sampled KL", "rpg-vocabulary", "rpg-sampling"),
+    ("(d') RPG exact per-position KL vs GRPO beta>0", "rpg-vocabulary", "grpo-ref"),
 ]
 #: The targets: (a) the share of the reference pass the anchor saves, and of one copy of the weights (full fine-tuning);
 #: (c) the loss alone against GRPO's (the mean of the paired rounds' ratios; 1.05 of the medians until 2026-11-27).
 TARGET_A_SHARE, TARGET_A_WEIGHTS, TARGET_C = 0.90, 0.95, 1.00
+#: (d): the exact per-position KL against the sampled estimate, the step time's mean ratio and the peak memory's.
+TARGET_D_TIME, TARGET_D_MEMORY = 1.15, 1.10
 
 
 def summarize(results: list[dict]) -> dict:
@@ -166,6 +170,24 @@ def targets(
             "rule": "the mean per-repeat step-time ratio's 95 % Student-t interval holds 1 (no difference detected; "
             "compare its half-width with the A/A pair's, the noise's)",
             "met": met,
+        }
+    label_d = COMPARISONS[3][0]
+    if label_d in ratios_:
+        ratio = ratios_[label_d]
+        mean, half = ratio["step_time_mean"], ratio["step_time_half_width"]
+        memory = ratio["peak_memory"]
+        upper = mean if half is None else mean + half
+        out["(d)"] = {
+            "value": mean,
+            "half_width": half,
+            "interval": None if half is None else [mean - half, mean + half],
+            "median": ratio["step_time"],
+            "repeats": ratio["repeats"],
+            "peak_memory": memory,
+            "rule": f"kl_estimate='vocabulary' against 'sample': the mean per-repeat step-time ratio (its 95 % interval's "
+            f"upper end with several repeats) <= {TARGET_D_TIME:.2f} and the peak memory's median ratio <= "
+            f"{TARGET_D_MEMORY:.2f}",
+            "met": upper <= TARGET_D_TIME and memory <= TARGET_D_MEMORY,
         }
     if loss is None:
         return out
@@ -315,6 +337,11 @@ def format_targets(targets_: dict) -> list[str]:
             )
         elif name == "(b)":
             value = f"ratio {t['value']:.3f}" + ("" if t["band"] is None else f", band ± {t['band']:.3f}")
+        elif name == "(d)":
+            value = (
+                f"mean step-time ratio {_pm(t['value'], t['half_width'])} over {t['repeats']} repeat(s) (median "
+                f"{t['median']:.3f}), peak memory ratio {t['peak_memory']:.3f}"
+            )
         else:
             value = f"ratio {t['value']:.3f}"
         lines.append(f"- target {name}: {value}; rule: {t['rule']}: {_verdict(t['met'])}")

@@ -15,12 +15,12 @@ try:
 except ImportError as exc:  # TRL's tiled divergence kernel and fused LM head are new in TRL 1.16 (.ci/trl_floor)
     pytest.skip(str(exc), allow_module_level=True)
 
-from helpers.tiny_runs import PROMPTS, count_sevens, loss_and_grad, make_trainer, tiny_run_args  # noqa: E402
-
 from rpg_trl import RPGConfig, RPGTrainer  # noqa: E402
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss, rpg_per_token_loss  # noqa: E402
 from rpg_trl.losses import vocabulary as vocab  # noqa: E402
 from rpg_trl.testing.models import build_char_tokenizer  # noqa: E402
+
+from helpers.tiny_runs import PROMPTS, count_sevens, loss_and_grad, make_trainer, tiny_run_args  # noqa: E402
 
 
 BETA = 0.3
@@ -47,7 +47,9 @@ def transform(logits, temperature, scale, softcap):
     ("vocabulary", "temperature", "scale", "softcap", "bias"),
     [(11, 1.0, 1.0, None, False), (40_000, 0.7, 1.0, None, True), (50, 1.3, 0.5, 3.0, True)],
 )
-def test_position_kl_and_its_gradient_equal_float64_full_logits(direction, vocabulary, temperature, scale, softcap, bias):
+def test_position_kl_and_its_gradient_equal_float64_full_logits(
+    direction, vocabulary, temperature, scale, softcap, bias
+):
     """The tiled KL (TRL's kernel; 40,000 words span two of its vocabulary tiles) and its gradient with respect to the
     policy's hidden states, head weight and bias equal those of the KL of float64 softmaxes of the full logits (with the
     temperature, logit scale and soft-capping of the head), on the active positions, and 0 elsewhere."""
@@ -216,7 +218,9 @@ def enumerated_kl_gradients(divergence, anchor, policy, level, kl_estimate, clip
     if kl_estimate == "vocabulary":
         hidden = torch.nn.functional.one_hot(prefix, 1 + vocabulary).float()  # (N, 2, 4)
         direction = "forward" if divergence in ("fkl", "ufkl") else "reverse"
-        position = vocab.position_kl(hidden, (z.T.float(), None), hidden, (anchor_table.T.float(), None), mask, direction)
+        position = vocab.position_kl(
+            hidden, (z.T.float(), None), hidden, (anchor_table.T.float(), None), mask, direction
+        )
     per_token, _ = rpg_per_token_loss(
         token_logps(z), old_lp, torch.zeros(N, dtype=torch.float64), mask,
         ref_logps=None if anchor == "sampling" else ref_lp, position_kl=position, **kwargs,
@@ -323,7 +327,11 @@ def test_a_head_that_peft_trains_is_refused_at_construction(tiny_model_dir, tmp_
     from peft import LoraConfig
 
     with pytest.raises(ValueError, match="not a torch.nn.Linear"):
-        lora_trainer(tiny_model_dir, tmp_path, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))
+        lora_trainer(
+            tiny_model_dir,
+            tmp_path,
+            LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"], modules_to_save=["lm_head"]),
+        )
 
 
 def lora_trainer(model_dir, tmp_path, peft_config, **overrides):

@@ -105,7 +105,9 @@ def test_the_command_writes_its_report_and_the_k3_estimate_varies_less(tmp_path)
     assert k3["relative_variance"] < sampled["relative_variance"]
     # Each position's exact KL varies less than its sampled estimate, and the baseline lowers the KL-to-go's noise.
     token = rows[("token", "log_ratio", "exact", "sample", "none")]
-    assert rows[("token", "log_ratio", "exact", "vocabulary", "none")]["relative_variance"] < token["relative_variance"]
+    assert (
+        rows[("token", "log_ratio", "exact", "vocabulary", "none")]["relative_variance"] < token["relative_variance"]
+    )
     exact_to_go = rows[("sequence", "log_ratio", "exact", "vocabulary", "none")]
     baselined = rows[("sequence", "log_ratio", "exact", "vocabulary", "leave_one_out")]
     assert baselined["relative_variance"] < exact_to_go["relative_variance"]

@@ -13,6 +13,7 @@ from ._checks import (
     _check_choice,
     _check_finite_number,
 )
+from .baseline import DEFAULT_KL_TO_GO_BASELINE, KL_TO_GO_BASELINES
 from .kl import (
     CONTROLLED_KL,
     DEFAULT_KL_CLIP_MODE,
@@ -35,7 +36,6 @@ from .surrogate import (
     AGGREGATIONS,
     ESTIMATORS,
 )
-from .baseline import DEFAULT_KL_TO_GO_BASELINE, KL_TO_GO_BASELINES
 from .vocabulary import DEFAULT_KL_ESTIMATE, KL_ESTIMATES, VOCABULARY_KL_CLIP_MODES
 
 

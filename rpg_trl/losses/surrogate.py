@@ -76,7 +76,9 @@ def gradient_weight_parts(
     [`rpg_per_token_loss`] computes them once, hands ``K̃`` to the estimator and keeps ``w·A`` and ``β·K̃`` in its stats
     (the logged ``kl/weight_share``)."""
     with torch.no_grad():
-        return reward_gradient_weight(ratios, advantages, regions, spec, reward_mask), kl_weights(ratios, spec, regions)
+        return reward_gradient_weight(ratios, advantages, regions, spec, reward_mask), kl_weights(
+            ratios, spec, regions
+        )
 
 
 def reward_gradient_weight(

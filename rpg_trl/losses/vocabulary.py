@@ -66,7 +66,7 @@ def _divergence_kernel():
         raise ImportError(
             f"kl_estimate='vocabulary' computes each position's KL with TRL's tiled divergence kernel "
             f"(trl.kernels.chunked_divergence, TRL 1.16 or later); the installed TRL is {trl.__version__}: "
-            f'`pip install "trl>=1.16,<1.17"`, or use kl_estimate=\'sample\'.'
+            f"`pip install \"trl>=1.16,<1.17\"`, or use kl_estimate='sample'."
         ) from error
     return ChunkedDivergenceFunction
 

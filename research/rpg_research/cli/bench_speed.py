@@ -559,7 +559,19 @@ def write_json(path, report: dict) -> None:
 
 
 def _scenarios(names) -> list[str]:
-    names = list(SCENARIOS) if not names else [n for n in names.split(",") if n]
+    """The runs of `--scenarios` (default: every run of [`SCENARIOS`], but rpg-vocabulary on a TRL older than the
+    exact per-position KL needs)."""
+    from packaging.version import Version
+
+    from rpg_trl.trl_release import installed_trl_release
+    from rpg_trl.vocabulary_kl import VOCABULARY_KL_TRL
+
+    if not names:
+        names = list(SCENARIOS)
+        if Version(installed_trl_release()) < Version(VOCABULARY_KL_TRL):
+            names.remove("rpg-vocabulary")
+    else:
+        names = [n for n in names.split(",") if n]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown or "grpo-ref" not in names:
         raise ValueError(f"--scenarios {names}: give names among {list(SCENARIOS)}, grpo-ref (the baseline) included")

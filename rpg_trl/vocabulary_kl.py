@@ -101,12 +101,20 @@ class VocabularyKLMixin:
         return self.loss_spec.kl_estimate == "vocabulary"
 
     def check_vocabulary_kl(self) -> None:
-        """Refuse, at construction, what ``kl_estimate="vocabulary"`` cannot run on: a TRL older than 1.16, an LM head
+        """Refuse, at construction, what ``kl_estimate="vocabulary"`` cannot run on: a TRL older than 1.16, ZeRO-3 or FSDP, an LM head
         other than a plain linear layer (one that PEFT adapts or saves is not the head the kernel would read), a model
         that rescales its logits otherwise than TRL's kernel can."""
         if not self._vocabulary_kl:
             return
         require_trl(VOCABULARY_KL_TRL, "kl_estimate='vocabulary'", "Use kl_estimate='sample' with the installed TRL.")
+        plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
+        if getattr(self, "is_fsdp_enabled", False) or (plugin is not None and plugin.zero_stage == 3):
+            # The KL runs outside the model's forward pass, where a sharded head's gradient reduction is not armed.
+            raise ValueError(
+                "kl_estimate='vocabulary' is not yet supported with sharded parameters (DeepSpeed ZeRO-3, FSDP): its "
+                "kernel reads the LM head outside the model's forward pass. Use DDP or ZeRO-2 with it, or "
+                "kl_estimate='sample'."
+            )
         models = [("the policy", self.model)]
         if self.ref_model is not None and self.args.kl_anchor == "reference":
             models.append(("the reference model", self.ref_model))

@@ -101,8 +101,8 @@ class VocabularyKLMixin:
         return self.loss_spec.kl_estimate == "vocabulary"
 
     def check_vocabulary_kl(self) -> None:
-        """Refuse, at construction, what ``kl_estimate="vocabulary"`` cannot run on: a TRL older than 1.16, ZeRO-3 or FSDP, an LM head
-        other than a plain linear layer (one that PEFT adapts or saves is not the head the kernel would read), a model
+        """Refuse, at construction, what ``kl_estimate="vocabulary"`` cannot run on: a TRL older than 1.16, ZeRO-3 or
+        FSDP, an LM head other than a plain linear layer (one that PEFT adapts or saves is not the head the kernel would read), a model
         that rescales its logits otherwise than TRL's kernel can."""
         if not self._vocabulary_kl:
             return

@@ -183,8 +183,7 @@ class RPGLossSpec:
         if self.kl_to_go_baseline != DEFAULT_KL_TO_GO_BASELINE:
             _check_kl_to_go_baseline(self, n)
         if self.kl_to_go != DEFAULT_KL_TO_GO:
-            has_to_go = "to_go" in KL_TERMS[self.divergence].sequence_parts
-            if self.kl_level != "sequence" or not has_to_go:
+            if not _has_kl_to_go(self):
                 raise ValueError(
                     f"`{n('kl_to_go')}={self.kl_to_go!r}` estimates the KL-to-go of each token (the KL of the tokens "
                     f"after it), which only the reverse divergences have over whole completions: it needs "
@@ -192,6 +191,12 @@ class RPGLossSpec:
                     f"{n('kl_level')}={self.kl_level!r}, {n('divergence')}={self.divergence!r}. Leave "
                     f"{n('kl_to_go')}={DEFAULT_KL_TO_GO!r} otherwise."
                 )
+
+
+def _has_kl_to_go(fields) -> bool:
+    """Whether each token's KL weight holds a KL-to-go (the KL of the tokens after it): the sequence level of the
+    reverse divergences, what `kl_to_go` and `kl_to_go_baseline` act on."""
+    return fields.kl_level == "sequence" and "to_go" in KL_TERMS[fields.divergence].sequence_parts
 
 
 def _check_vocabulary_estimate(fields, n) -> None:
@@ -219,8 +224,7 @@ def _check_vocabulary_estimate(fields, n) -> None:
 
 def _check_kl_to_go_baseline(fields, n) -> None:
     """A baseline of the KL-to-go needs a KL-to-go (the sequence level, rkl or urkl) and the exact weights."""
-    has_to_go = "to_go" in KL_TERMS[fields.divergence].sequence_parts
-    if fields.kl_level != "sequence" or not has_to_go:
+    if not _has_kl_to_go(fields):
         raise ValueError(
             f"`{n('kl_to_go_baseline')}={fields.kl_to_go_baseline!r}` subtracts a baseline from each token's KL-to-go "
             f"(the KL of the tokens after it), which only the reverse divergences have over whole completions: it needs "

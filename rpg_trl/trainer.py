@@ -164,7 +164,7 @@ class RPGTrainer(
         ref_logps = inputs.get("ref_per_token_logps") if self.args.kl_anchor == "reference" else None
         reward_mask, entropy_mask = self._credit_masks(logps, old_logps, entropies, advantages, mask, inputs)
         # kl_estimate="vocabulary": each position's exact KL, from both models' hidden states and heads.
-        position_kl = self.vocabulary_position_kl(inputs, mask, mode) if self._vocabulary_kl else None
+        position_kl = self.vocabulary_position_kl(mask) if self._vocabulary_kl else None
         # kl_to_go_baseline: the completions of one prompt share its label (the rows of `prompt_ids` and its mask).
         groups = None
         if self.loss_spec.kl_to_go_baseline != "none":

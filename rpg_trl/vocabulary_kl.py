@@ -1,25 +1,30 @@
 # Copyright 2026 The rpg_trl authors. Licensed under the Apache License, Version 2.0.
-"""Where `RPGTrainer` finds what ``kl_estimate="vocabulary"`` needs: both models' final hidden states at the completion
-positions, and their LM heads ([`rpg_trl.losses.vocabulary`] computes each position's exact KL from them).
+"""How `RPGTrainer` computes ``kl_estimate="vocabulary"``: each completion position's exact KL between the policy's and
+the anchor's next-token distributions, inside the loss's own scoring pass.
 
 TRL 1.16's GRPOTrainer scores every completion through a fused LM head (`trl.trainer.utils.add_fused_lm_head`): the
-backbone's last hidden state, projected in tiles, never as ``(B, T, V)`` logits. [`VocabularyKLMixin`] reads that
-hidden state with a forward hook on the backbone for the duration of each of GRPOTrainer's scoring calls
-(`_get_per_token_logps_and_entropies`), so no forward pass is added:
+backbone's last hidden state, projected in tiles by TRL's chunked log-prob kernel, never as ``(B, T, V)`` logits.
+[`VocabularyKLMixin`] adds no forward pass:
 
-* the policy's, with its graph, from the pass the loss makes (`_compute_loss`);
-* the anchor's, without a graph, from the pass GRPOTrainer already makes when it builds the batch: the reference
-  model's scoring pass (``kl_anchor="reference"``, also with PEFT, where the reference is the base model or the "ref"
-  adapter) or the pass that scores `old_per_token_logps` (``kl_anchor="sampling"``, π_old). When GRPOTrainer skips
-  the latter because every step is on-policy, π_old is π_θ itself and each position's KL is exactly 0 (no
-  computation). The anchor's states enter the batch as `rpg_anchor_hidden_states` ((B, T, H), the model's dtype), so
-  TRL's shuffling and splitting, dynamic sampling and the resume of a generation cycle carry them with the batch.
+* The anchor's final hidden states at the completion positions are read, with a forward hook on the backbone, from a
+  pass GRPOTrainer already makes when it builds the batch: the reference model's scoring pass
+  (``kl_anchor="reference"``, also with PEFT, where the reference is the base model or the "ref" adapter) or the pass
+  that scores `old_per_token_logps` (``kl_anchor="sampling"``, π_old). They enter the batch as
+  `rpg_anchor_hidden_states` ((B, T, H), the model's dtype), so TRL's shuffling and splitting, dynamic sampling and
+  the resume of a generation cycle carry them with the batch.
+* In the loss's scoring pass, TRL's fused head is handed, for that one call, a kernel that computes the same
+  log-probs and entropies and, from the same tiles, each position's KL to the anchor
+  ([`rpg_trl.losses.vocabulary_kernel`]): the anchor's head adds one projection forward and one backward, and the KL
+  runs inside the model's forward pass, as the log-probs do.
+* Where π_old = π_θ (``kl_anchor="sampling"`` when GRPOTrainer skips π_old's pass because every step is on-policy,
+  or when no optimizer step has been taken since π_old scored the batch), each position's KL and its gradient are
+  exactly 0, and nothing is computed.
 
 The anchor's head is read where the loss runs: the reference model's, or the policy's own for π_old. A head that can
 change between the scoring pass and the loss (the policy's when it trains, π_old's head being the one at generation;
-the reference's when reference syncs are on) is copied at generation instead (a (V, H) tensor, gathered under
-ZeRO-3), and the copy is saved with a checkpoint taken inside a generation cycle (the resume keeps the batch and its
-head together).
+the reference's when reference syncs are on) is copied at generation instead (a (V, H) tensor), and the copy is saved
+with a checkpoint taken inside a generation cycle (the resume keeps the batch and its head together; a checkpoint
+follows an optimizer step, so the resumed micro-steps of the cycle all compute their KL).
 """
 
 from __future__ import annotations
@@ -89,12 +94,14 @@ class VocabularyKLMixin:
     GRPOTrainer's own steps, so that it wraps one round of `_generate_and_score_completions` (dynamic sampling draws
     several and joins them). Does nothing with ``kl_estimate="sample"``."""
 
-    #: The hidden states of the policy's last scoring call (the loss's), or None.
-    _vocabulary_scoring = None
+    #: Each position's exact KL of the loss's last scoring pass, (B, T), or None where π_old = π_θ.
+    _vocabulary_position_kl = None
     #: The scoring calls of the generation round in progress, or None outside one.
     _vocabulary_round = None
     #: Per mode ("train", "eval"): the anchor's head copied at the last generation, or None where the live head serves.
     _vocabulary_anchor_heads = None
+    #: Per mode, with ``kl_anchor="sampling"``: the optimizer step at which π_old scored the last generation batch.
+    _vocabulary_generation_steps = None
 
     @property
     def _vocabulary_kl(self) -> bool:
@@ -109,11 +116,11 @@ class VocabularyKLMixin:
         require_trl(VOCABULARY_KL_TRL, "kl_estimate='vocabulary'", "Use kl_estimate='sample' with the installed TRL.")
         plugin = getattr(self.accelerator.state, "deepspeed_plugin", None)
         if getattr(self, "is_fsdp_enabled", False) or (plugin is not None and plugin.zero_stage == 3):
-            # The KL runs outside the model's forward pass, where a sharded head's gradient reduction is not armed.
+            # The kernel's backward pass (and the anchor's live head) would read sharded weights outside a gather.
             raise ValueError(
                 "kl_estimate='vocabulary' is not yet supported with sharded parameters (DeepSpeed ZeRO-3, FSDP): its "
-                "kernel reads the LM head outside the model's forward pass. Use DDP or ZeRO-2 with it, or "
-                "kl_estimate='sample'."
+                "kernel reads both models' LM heads in the backward pass, where they are not gathered. Use DDP or "
+                "ZeRO-2 with it, or kl_estimate='sample'."
             )
         models = [("the policy", self.model)]
         if self.ref_model is not None and self.args.kl_anchor == "reference":
@@ -128,13 +135,23 @@ class VocabularyKLMixin:
                     "head): leave the head out of the PEFT config, or use kl_estimate='sample'."
                 )
             head_transform(causal_lm.config)
-        self._vocabulary_anchor_heads = {}
+        import trl
+        import trl.trainer.utils as trl_utils
+
+        if not hasattr(trl_utils, "_ChunkedLogProbFunction"):
+            raise ImportError(
+                "kl_estimate='vocabulary' computes the KL inside TRL's fused LM head, whose kernel this TRL "
+                f"({trl.__version__}) does not call `trl.trainer.utils._ChunkedLogProbFunction`: use a TRL release "
+                "that setup.cfg admits, or kl_estimate='sample'."
+            )
+        self._vocabulary_anchor_heads, self._vocabulary_generation_steps = {}, {}
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
-        if not self._vocabulary_kl:
+        if not self._vocabulary_kl or self._vocabulary_round is None:
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
             )
+        # A scoring pass of the generation round: keep the backbone's states, for the anchor's.
         causal_lm = _causal_lm(self.accelerator.unwrap_model(model))
         states = []
 
@@ -151,11 +168,45 @@ class VocabularyKLMixin:
         # The state at position j predicts token j + 1: the completion's tokens are predicted by the `logits_to_keep`
         # states before the last one (TRL's fused head drops the last and keeps the labels' positions).
         hidden = torch.cat([state[:, -logits_to_keep - 1 : -1] for state in states])
-        scoring = _Scoring(result[0], hidden, causal_lm)
-        if self._vocabulary_round is not None:
-            self._vocabulary_round.append(scoring)
-        else:
-            self._vocabulary_scoring = scoring
+        self._vocabulary_round.append(_Scoring(result[0], hidden, causal_lm))
+        return result
+
+    def _policy_logps(self, model, inputs):
+        """The loss's scoring pass (GRPOTrainer's, through TRL's fused head) with each position's exact KL computed in
+        the same tiles ([`rpg_trl.losses.vocabulary_kernel`]): TRL's kernel is handed [`_FusedKL`] for this one call,
+        and the KL it computes is kept for [`vocabulary_position_kl`]."""
+        self._vocabulary_position_kl = None
+        if not self._vocabulary_kl:
+            return super()._policy_logps(model, inputs)
+        mode = "train" if self.model.training else "eval"
+        anchor_hidden = inputs.get(ANCHOR_HIDDEN_KEY)
+        if anchor_hidden is None or self._vocabulary_generation_steps.get(mode) == self.state.global_step:
+            # π_old = π_θ: on-policy (GRPOTrainer skipped π_old's pass), or no optimizer step since π_old's pass. Then
+            # KL(π_θ‖π_old) = 0 at every position, and so is its gradient (exactly: no computation).
+            return super()._policy_logps(model, inputs)
+        anchor_head = self._vocabulary_anchor_heads.get(mode)
+        if anchor_head is None:
+            anchor_head = _head_parameters(self._anchor_causal_lm())
+            anchor_head = tuple(None if p is None else _full(p).detach() for p in anchor_head)
+        fused = _FusedKL(
+            anchor_hidden,
+            anchor_head,
+            inputs["completion_mask"] != 0,
+            self.loss_spec.kl_term.direction == "reverse",
+        )
+        import trl.trainer.utils as trl_utils
+
+        original, trl_utils._ChunkedLogProbFunction = trl_utils._ChunkedLogProbFunction, fused
+        try:
+            result = super()._policy_logps(model, inputs)
+        finally:
+            trl_utils._ChunkedLogProbFunction = original
+        if fused.kl is None:
+            raise RuntimeError(
+                "kl_estimate='vocabulary': the loss's scoring pass did not go through TRL's fused LM head "
+                "(trl.trainer.utils.add_fused_lm_head), so no KL was computed."
+            )
+        self._vocabulary_position_kl = fused.kl
         return result
 
     def _generate_and_score_completions(self, inputs):
@@ -182,6 +233,8 @@ class VocabularyKLMixin:
         batch[ANCHOR_HIDDEN_KEY] = scoring.hidden.detach().clone()  # the slice alone, not the prompt's states
         mode = "train" if self.model.training else "eval"
         self._vocabulary_anchor_heads[mode] = self._anchor_head_copy(scoring.causal_lm)
+        if self.args.kl_anchor == "sampling":
+            self._vocabulary_generation_steps[mode] = self.state.global_step
         return batch
 
     def _anchor_head_copy(self, causal_lm):
@@ -201,32 +254,74 @@ class VocabularyKLMixin:
             return _causal_lm(self.accelerator.unwrap_model(self.ref_model))
         return _causal_lm(self.accelerator.unwrap_model(self.model))
 
-    def vocabulary_position_kl(self, inputs, mask: torch.Tensor, mode: str) -> torch.Tensor:
-        """Each completion position's exact KL to the anchor, (B, T), for the loss's scoring call just made (the
-        policy's hidden states, with their graph) and the batch's anchor states ([`rpg_trl.losses.vocabulary`])."""
-        from .losses.vocabulary import position_kl
-
-        scoring, self._vocabulary_scoring = self._vocabulary_scoring, None
-        if scoring is None:
-            raise RuntimeError("kl_estimate='vocabulary': the loss's scoring pass left no hidden states.")
-        anchor_hidden = inputs.get(ANCHOR_HIDDEN_KEY)
-        if anchor_hidden is None:  # on-policy π_old = π_θ: KL(π_θ‖π_θ) = 0, and so is its gradient
+    def vocabulary_position_kl(self, mask: torch.Tensor) -> torch.Tensor:
+        """Each completion position's exact KL to the anchor, (B, T) float32, 0 where `mask` is 0: the one computed in
+        the loss's scoring pass just made ([`_policy_logps`]), or zeros where π_old = π_θ."""
+        kl, self._vocabulary_position_kl = self._vocabulary_position_kl, None
+        if kl is None:
             return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-        policy_head = tuple(None if p is None else _full(p) for p in _head_parameters(scoring.causal_lm))
-        anchor_head = self._vocabulary_anchor_heads.get(mode)
-        if anchor_head is None:
-            anchor_head = _head_parameters(self._anchor_causal_lm())
-            anchor_head = tuple(None if p is None else _full(p).detach() for p in anchor_head)
-        return position_kl(
-            scoring.hidden,
-            policy_head,
-            anchor_hidden.to(scoring.hidden.device),
-            anchor_head,
-            mask,
-            self.loss_spec.kl_term.direction,
-            temperature=self.temperature,
-            **head_transform(scoring.causal_lm.config),
+        return torch.where(mask != 0, kl, 0.0)
+
+
+class _FusedKL:
+    """Stands in for TRL's `ChunkedLogProbFunction` in one call of TRL's fused head (the loss's scoring pass of a
+    micro-batch): the same log-probs and entropies, and each position's exact KL to the anchor from the same tiles
+    ([`rpg_trl.losses.vocabulary_kernel.LogProbKLFunction`]), kept as `kl` ((B, T), with the policy's graph).
+
+    TRL's head passes the states of the positions whose next token is a label: only those (on a device with Triton),
+    or every position of the (B, L − 1) shifted sequence (elsewhere; the others' outputs are then zeroed by TRL). The
+    labels are the completion tokens where `completion_mask` is set, so the rows are matched to the anchor's states
+    (B, T, H) through that mask, in the same row-major order."""
+
+    def __init__(self, anchor_hidden, anchor_head, completion_mask, reverse: bool):
+        self.anchor_hidden, self.anchor_head, self.reverse = anchor_hidden, anchor_head, reverse
+        self.mask = completion_mask
+        self.kl = None
+
+    def apply(self, hidden, weight, bias, targets, temperature, chunk_size, softcap, logit_scale, outputs):
+        from .losses.vocabulary_kernel import LogProbKLFunction
+
+        if self.kl is not None:
+            raise RuntimeError("kl_estimate='vocabulary': TRL's fused head was called twice in one loss pass.")
+        unknown = set(outputs) - {"log_probs", "entropy"}
+        if unknown:
+            raise RuntimeError(
+                f"kl_estimate='vocabulary' does not compute the fused head's outputs {sorted(unknown)}."
+            )
+        mask = self.mask.to(hidden.device)
+        labelled = int(mask.sum())
+        batch, length = mask.shape
+        rows, all_rows = hidden, None
+        if hidden.shape[0] != labelled:  # every position of the shifted sequence: keep the completion's labelled ones
+            if hidden.shape[0] % batch != 0 or hidden.shape[0] // batch < length:
+                raise RuntimeError(
+                    f"kl_estimate='vocabulary': TRL's fused head passed {hidden.shape[0]} positions, which are neither "
+                    f"the {labelled} labelled ones nor every position of {batch} sequences of at least {length}."
+                )
+            shifted = hidden.shape[0] // batch
+            all_rows = torch.zeros(batch, shifted, dtype=torch.bool, device=mask.device)
+            all_rows[:, shifted - length :] = mask
+            all_rows = all_rows.reshape(-1)
+            rows, targets = hidden[all_rows], targets[all_rows]
+        anchor_weight, anchor_bias = self.anchor_head
+        log_probs, entropy, kl = LogProbKLFunction.apply(
+            rows,
+            weight,
+            bias,
+            targets,
+            self.anchor_hidden.to(hidden.device)[mask],
+            anchor_weight,
+            anchor_bias,
+            self.reverse,
+            (logit_scale, softcap, 1.0 / temperature),
         )
+        # A KL is >= 0; the online logsumexp can round a vanishing one a few ulps below 0.
+        kl = kl.clamp(min=0.0)
+        self.kl = kl.new_zeros(mask.shape).masked_scatter(mask, kl)
+        if all_rows is not None:
+            log_probs = log_probs.new_zeros(all_rows.shape).masked_scatter(all_rows, log_probs)
+            entropy = entropy.new_zeros(all_rows.shape).masked_scatter(all_rows, entropy)
+        return log_probs, entropy if "entropy" in outputs else None, None, None, None
 
 
 def memory_estimate(

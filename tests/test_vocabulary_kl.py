@@ -15,6 +15,7 @@ try:
 except ImportError as exc:  # TRL's tiled divergence kernel and fused LM head are new in TRL 1.16 (.ci/trl_floor)
     pytest.skip(str(exc), allow_module_level=True)
 
+import rpg_trl.losses.vocabulary_kernel as vocabulary_kernel  # noqa: E402
 from rpg_trl import RPGConfig, RPGTrainer  # noqa: E402
 from rpg_trl.losses import DIVERGENCES, ESTIMATORS, rpg_loss, rpg_per_token_loss  # noqa: E402
 from rpg_trl.losses import vocabulary as vocab  # noqa: E402
@@ -98,9 +99,8 @@ def test_position_kl_and_its_gradient_equal_float64_full_logits(
 
 
 def test_tiling_over_positions_and_words_changes_nothing(monkeypatch):
-    """Tiles of 3 positions × 4 words (TRL's kernel's tile sizes, set small) give the KL and gradients of one tile that
+    """Tiles of 3 positions × 4 words (the kernel's tile sizes, set small) give the KL and gradients of one tile that
     holds every position and word."""
-    from trl.kernels import chunked_divergence
 
     g = torch.Generator().manual_seed(1)
     hidden, anchor = torch.randn(2, 7, 5, generator=g), torch.randn(2, 7, 5, generator=g)
@@ -115,8 +115,8 @@ def test_tiling_over_positions_and_words_changes_nothing(monkeypatch):
         return kl.detach(), h.grad, w.grad
 
     whole = run()
-    monkeypatch.setattr(chunked_divergence, "TOKEN_CHUNK_SIZE", 3)
-    monkeypatch.setattr(chunked_divergence, "VOCAB_CHUNK_SIZE", 4)
+    monkeypatch.setattr(vocabulary_kernel, "TOKEN_TILE", 3)
+    monkeypatch.setattr(vocabulary_kernel, "VOCABULARY_TILE", 4)
     pieces = run()
     for a, b in zip(whole, pieces, strict=True):  # up to the float32 rounding of matrix products of other shapes
         assert (a - b).norm() <= 1e-5 * b.norm()
@@ -372,14 +372,28 @@ def perturb(model, seed, scale=0.05):
             p.add_(scale * torch.randn(p.shape, generator=g))
 
 
+def labelled_positions_only(monkeypatch):
+    """TRL's fused head as on a device with Triton: it hands its kernel the labelled positions only (on the CPU, every
+    position of the shifted sequence). Only the layout changes: the kernels stay torch's."""
+    import trl.trainer.utils as trl_utils
+
+    monkeypatch.setattr(trl_utils, "_use_triton", lambda device: True)
+
+
+@pytest.mark.parametrize("layout", ["every position", "labelled only"])
 @pytest.mark.parametrize("level", ["token", "sequence"])
 @pytest.mark.parametrize("anchor", ["sampling", "reference"])
 @pytest.mark.parametrize("divergence", ["urkl", "fkl"])
-def test_trainer_kl_term_and_logged_kl_equal_float64_full_logits(tiny_model_dir, tmp_path, divergence, anchor, level):
-    """RPGTrainer with kl_estimate="vocabulary", off-policy (the policy moved after generation): the gradient of the
-    loss's KL term (the loss at β minus the loss at β = 0) and the logged `kl` and `kl/sequence` equal the float64
-    values from full forward passes of the policy, π_old and the anchor (logits divided by the temperature; float32,
-    without the bf16 autocast that RPGConfig's default turns on where the CPU has bf16)."""
+def test_trainer_kl_term_and_logged_kl_equal_float64_full_logits(
+    tiny_model_dir, tmp_path, monkeypatch, divergence, anchor, level, layout
+):
+    """RPGTrainer with kl_estimate="vocabulary", off-policy (the policy moved after generation, as by an optimizer
+    step): the gradient of the loss's KL term (the loss at β minus the loss at β = 0) and the logged `kl` and
+    `kl/sequence` equal the float64 values from full forward passes of the policy, π_old and the anchor (logits divided
+    by the temperature; float32, without the bf16 autocast that RPGConfig's default turns on where the CPU has bf16),
+    whichever positions TRL's fused head hands its kernel."""
+    if layout == "labelled only":
+        labelled_positions_only(monkeypatch)
     temperature = 0.7
     trainer = make_trainer(
         tiny_model_dir, tmp_path, kl_estimate="vocabulary", kl_anchor=anchor, divergence=divergence, kl_level=level,
@@ -391,7 +405,8 @@ def test_trainer_kl_term_and_logged_kl_equal_float64_full_logits(tiny_model_dir,
     trainer.model.train()
     batch = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS["prompt"][:16]])
     assert batch["rpg_anchor_hidden_states"].shape[:2] == batch["completion_ids"].shape
-    perturb(trainer.model, 2)  # π_θ ≠ π_old
+    perturb(trainer.model, 2)  # π_θ ≠ π_old, as after an optimizer step
+    trainer.state.global_step += 1
 
     _, with_kl = loss_and_grad(trainer, batch)
     logged = {key: trainer._metrics["train"][key][-1] for key in ("kl", "kl/sequence")}
@@ -438,6 +453,126 @@ def test_on_policy_sampling_anchor_has_no_kl_and_no_kl_gradient(tiny_model_dir, 
     trainer.rpg_beta = 0.0
     loss_0, grads_0 = loss_and_grad(trainer, batch)
     assert torch.equal(loss, loss_0) and torch.equal(grads, grads_0)
+
+
+@pytest.mark.parametrize("direction", ["reverse", "forward"])
+@pytest.mark.parametrize("softcap", [None, 4.0])
+def test_the_kernel_equals_trls_log_prob_and_divergence_kernels(direction, softcap):
+    """The one-pass kernel's log-probs and entropies (and their gradients) equal TRL's chunked log-prob kernel's, and
+    its KL (and gradient) TRL's chunked divergence kernel's, on 40,000 words (three of its vocabulary tiles)."""
+    from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
+    from trl.kernels.chunked_logprob import ChunkedLogProbFunction
+
+    g = torch.Generator().manual_seed(3)
+    N, H, V, temperature, scale = 9, 8, 40_000, 0.8, 1.5
+    hidden, weight = torch.randn(N, H, generator=g), torch.randn(V, H, generator=g) / 3
+    anchor, anchor_weight = (
+        hidden + 0.3 * torch.randn(N, H, generator=g),
+        weight + 0.1 * torch.randn(V, H, generator=g),
+    )
+    bias = torch.randn(V, generator=g) / 5
+    targets = torch.randint(0, V, (N,), generator=g)
+    upstream = torch.rand(3, N, generator=g)
+
+    def run(compute):
+        h, w, b = (x.clone().requires_grad_(True) for x in (hidden, weight, bias))
+        outputs = compute(h, w, b)
+        sum(u * o for u, o in zip(upstream, outputs, strict=True)).sum().backward()
+        return [o.detach() for o in outputs], [h.grad, w.grad, b.grad]
+
+    def fused(h, w, b):
+        return vocabulary_kernel.LogProbKLFunction.apply(
+            h, w, b, targets, anchor, anchor_weight, None, direction == "reverse", (scale, softcap, 1 / temperature)
+        )
+
+    def trl_kernels(h, w, b):
+        log_probs, entropy, *_ = ChunkedLogProbFunction.apply(
+            h, w, b, targets, temperature, 32768, softcap, scale, ("log_probs", "entropy")
+        )
+        kl, _ = ChunkedDivergenceFunction.apply(
+            h, w, b, anchor, anchor_weight, None, 1.0 if direction == "reverse" else 0.0, temperature,
+            scale, softcap, scale, softcap,
+        )  # fmt: skip
+        return log_probs, entropy, kl
+
+    (ours, our_grads), (theirs, their_grads) = run(fused), run(trl_kernels)
+    assert theirs[2].min() > 1e-3  # the two heads differ
+    for a, b in zip(ours + our_grads, theirs + their_grads, strict=True):
+        assert (a - b).norm() <= 1e-5 * b.norm()
+
+
+@pytest.mark.parametrize("layout", ["every position", "labelled only"])
+def test_the_loss_pass_gives_trls_log_probs_and_entropies(tiny_model_dir, tmp_path, monkeypatch, layout):
+    """The loss's scoring pass with the KL folded in returns the log-probs and entropies of TRL's own head on the same
+    batch (the same model, the KL beside them)."""
+    if layout == "labelled only":
+        labelled_positions_only(monkeypatch)
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, kl_estimate="vocabulary", kl_anchor="sampling", beta=BETA, steps_per_generation=2,
+        bf16=False,
+    )  # fmt: skip
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS["prompt"][:16]])
+    perturb(trainer.model, 2)
+    trainer.state.global_step += 1
+    logps, entropies, _, mask = trainer._policy_logps(trainer.model, batch)
+    kl = trainer.vocabulary_position_kl(mask)
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    attention = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    trl_logps, trl_entropies, _ = trainer._get_per_token_logps_and_entropies(
+        trainer.model, ids, attention, batch["completion_ids"].size(1), compute_entropy=True
+    )
+    on = mask.bool()
+    assert kl[on].min() > 0 and torch.all(kl[~on] == 0)
+    torch.testing.assert_close(logps[on], trl_logps[on], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(entropies[on], trl_entropies[on], rtol=1e-5, atol=1e-5)
+
+
+def test_no_optimizer_step_since_pi_old_scored_means_no_kl_and_no_kernel(tiny_model_dir, tmp_path, monkeypatch):
+    """kl_anchor="sampling" with π_old's pass made (two micro-steps per generation): until the first optimizer step
+    after that pass, π_θ = π_old, so the KL and its gradient are 0 and the kernel does not run; after one, it runs."""
+    trainer = make_trainer(
+        tiny_model_dir, tmp_path, kl_estimate="vocabulary", kl_anchor="sampling", beta=BETA, steps_per_generation=2
+    )
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in PROMPTS["prompt"][:16]])
+    assert batch.get("old_per_token_logps") is not None
+    calls = []
+    kernel = vocabulary_kernel.LogProbKLFunction.apply
+    monkeypatch.setattr(
+        vocabulary_kernel.LogProbKLFunction, "apply", lambda *a: calls.append(1) or kernel(*a), raising=True
+    )
+    loss, grads = loss_and_grad(trainer, batch)
+    assert trainer._metrics["train"]["kl"][-1] == 0.0 and calls == []
+    trainer.rpg_beta = 0.0
+    loss_0, grads_0 = loss_and_grad(trainer, batch)
+    assert torch.equal(loss, loss_0) and torch.equal(grads, grads_0)
+    trainer.rpg_beta = BETA
+    perturb(trainer.model, 2)
+    trainer.state.global_step += 1
+    loss_and_grad(trainer, batch)
+    assert calls == [1] and trainer._metrics["train"]["kl"][-1] > 0
+
+
+def test_a_run_resumed_inside_a_generation_cycle_continues_exactly(tiny_model_dir, tmp_path):
+    """A checkpoint after the first of two optimizer steps per generation holds the batch's anchor states and π_old's
+    head copy (the head has moved since): the resumed run logs the KLs and losses, and ends with the weights, of the
+    uninterrupted one (the first step of each cycle has KL 0, the second one does not)."""
+    kwargs = dict(
+        kl_estimate="vocabulary", kl_anchor="sampling", beta=BETA, steps_per_generation=2, max_steps=4,
+        save_strategy="steps", save_steps=1,
+    )  # fmt: skip
+    whole = make_trainer(tiny_model_dir, tmp_path / "a", **kwargs)
+    whole.train()
+    kls = [h["kl"] for h in whole.state.log_history if "kl" in h]
+    assert kls[0] == 0.0 and kls[2] == 0.0 and kls[1] > 0 and kls[3] > 0
+    resumed = make_trainer(tiny_model_dir, tmp_path / "b", **kwargs)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-1"))
+    for key in ("kl", "loss"):
+        expected, got = ({h["step"]: h[key] for h in t.state.log_history if key in h} for t in (whole, resumed))
+        assert sorted(got) == [1, 2, 3, 4] and got == pytest.approx(expected, rel=1e-6, abs=1e-9), key
+    for (name, a), b in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=name)
 
 
 def test_sample_estimate_batches_carry_no_hidden_states(tiny_model_dir, tmp_path):

@@ -44,6 +44,7 @@ import torch
 
 from .kl import LossSpecFields, _reverse_logcumsumexp, _suffix_max
 from .ratios import LOG_WEIGHT_CLAMP, ClipRegions, RatioTensors
+from .vocabulary_kernel import LogProbKLFunction
 
 
 #: How the KL of each position is estimated (``kl_estimate``): ``"sample"`` from the sampled token's log-ratio (the KL
@@ -53,22 +54,6 @@ KL_ESTIMATES = ("sample", "vocabulary")
 DEFAULT_KL_ESTIMATE = "sample"
 #: The `kl_clip_mode` values that have a meaning with ``kl_estimate="vocabulary"`` (module docstring).
 VOCABULARY_KL_CLIP_MODES = ("exact", "truncated", "stopped")
-
-
-def _divergence_kernel():
-    """TRL's tiled divergence (`trl.kernels.chunked_divergence.ChunkedDivergenceFunction`, TRL 1.16: Triton tiles on a
-    GPU, its torch path elsewhere), or an `ImportError` naming the release it needs."""
-    try:
-        from trl.kernels.chunked_divergence import ChunkedDivergenceFunction
-    except ImportError as error:  # TRL < 1.16
-        import trl
-
-        raise ImportError(
-            f"kl_estimate='vocabulary' computes each position's KL with TRL's tiled divergence kernel "
-            f"(trl.kernels.chunked_divergence, TRL 1.16 or later); the installed TRL is {trl.__version__}: "
-            f"`pip install \"trl>=1.16,<1.17\"`, or use kl_estimate='sample'."
-        ) from error
-    return ChunkedDivergenceFunction
 
 
 def vocabulary_kl(
@@ -86,10 +71,10 @@ def vocabulary_kl(
     "reverse"``) or ``KL(q‖p)`` (``"forward"``), with ``p = softmax(transform(h_θ·W_θᵀ + b_θ)/temperature)`` the
     policy's and ``q`` the anchor's (its hidden states and head, treated as constants). ``transform`` is the model's
     ``logit_scale`` and ``final_logit_softcapping``, as TRL's fused LM head applies them. Computed in tiles of positions
-    × vocabulary by TRL's kernel (4096 × 32768, two float32 tiles, recomputed in the backward pass), the logits in
-    float32; differentiable with respect to the policy's hidden states
-    (``(N, H)``) and head (``(V, H)`` weight, optional ``(V,)`` bias), exactly: ``∇KL(p‖q) = p ⊙ (log p/q − KL)`` and
-    ``∇KL(q‖p) = p − q`` per logit."""
+    × vocabulary ([`rpg_trl.losses.vocabulary_kernel.LogProbKLFunction`], the kernel RPGTrainer runs inside the loss's
+    scoring pass), the folds in float32; differentiable with respect to the policy's hidden states (``(N, H)``) and head
+    (``(V, H)`` weight, optional ``(V,)`` bias), exactly: ``∇KL(p‖q) = p ⊙ (log p/q − KL)`` and ``∇KL(q‖p) = p − q``
+    per logit."""
     if direction not in ("reverse", "forward"):
         raise ValueError(f"`direction` must be 'reverse' or 'forward'; got {direction!r}.")
     if policy_hidden.shape[0] != anchor_hidden.shape[0]:
@@ -97,30 +82,23 @@ def vocabulary_kl(
             f"The policy's and the anchor's hidden states must hold the same positions; got {policy_hidden.shape[0]} "
             f"and {anchor_hidden.shape[0]} rows."
         )
-    kernel = _divergence_kernel()
     (weight, bias), (anchor_weight, anchor_bias) = policy_head, anchor_head
     if weight.shape[0] != anchor_weight.shape[0]:
         raise ValueError(
             f"The policy's and the anchor's heads must share the vocabulary; got {weight.shape[0]} and "
             f"{anchor_weight.shape[0]} rows."
         )
-    if policy_hidden.shape[0] == 0:
-        return policy_hidden.new_zeros((0,), dtype=torch.float32) + 0.0 * weight.sum()
-    # One call: the kernel loops over tiles of 4096 positions × 32768 words itself, and its backward pass accumulates
-    # the head's gradient once for all of them.
-    divergence, _entropy = kernel.apply(
+    targets = torch.zeros(policy_hidden.shape[0], dtype=torch.long, device=policy_hidden.device)
+    _, _, divergence = LogProbKLFunction.apply(
         policy_hidden,
         weight,
         bias,
+        targets,
         anchor_hidden.detach(),
         anchor_weight.detach(),
         None if anchor_bias is None else anchor_bias.detach(),
-        1.0 if direction == "reverse" else 0.0,
-        temperature,
-        logit_scale,
-        final_logit_softcapping,
-        logit_scale,
-        final_logit_softcapping,
+        direction == "reverse",
+        (logit_scale, final_logit_softcapping, 1.0 / temperature),
     )
     # A KL is >= 0; the online logsumexp can round a vanishing one a few ulps below 0.
     return divergence.clamp(min=0.0)

@@ -39,9 +39,6 @@ from .trl_release import require_trl
 VOCABULARY_KL_TRL = "1.16.0"
 #: The batch entry of the anchor's hidden states at the completion positions, (B, T, H).
 ANCHOR_HIDDEN_KEY = "rpg_anchor_hidden_states"
-#: Config fields of model families that rescale their logits in ways the kernel is not given (TRL's fused head
-#: reads them; the vocabulary KL is refused with these models instead of computed on other logits).
-_UNSUPPORTED_LOGIT_FIELDS = ("output_multiplier", "lm_head_multiplier", "logits_scaling")
 
 
 def _causal_lm(model) -> PreTrainedModel:
@@ -62,23 +59,6 @@ def _head_parameters(causal_lm) -> tuple[torch.Tensor, torch.Tensor | None]:
 def _full(tensor):
     """A tensor as a whole: FSDP2's DTensor shards gathered (differentiably), anything else as it is."""
     return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
-
-
-def head_transform(config) -> dict:
-    """The logit transform of a model's head as TRL's kernel takes it: ``logit_scale`` and
-    ``final_logit_softcapping`` of the text config; a `ValueError` for models that rescale their logits otherwise."""
-    text_config = config.get_text_config()
-    for name in _UNSUPPORTED_LOGIT_FIELDS:
-        if getattr(text_config, name, None) is not None:
-            raise ValueError(
-                f"kl_estimate='vocabulary' does not support models whose config sets `{name}` "
-                f"({text_config.model_type}): use kl_estimate='sample'."
-            )
-    scale = getattr(text_config, "logit_scale", None)
-    return {
-        "logit_scale": 1.0 if scale is None else float(scale),
-        "final_logit_softcapping": getattr(text_config, "final_logit_softcapping", None),
-    }
 
 
 class _Scoring:
@@ -108,9 +88,10 @@ class VocabularyKLMixin:
         return self.loss_spec.kl_estimate == "vocabulary"
 
     def check_vocabulary_kl(self) -> None:
-        """Refuse, at construction, what ``kl_estimate="vocabulary"`` cannot run on: a TRL older than 1.16, ZeRO-3 or
-        FSDP, an LM head other than a plain linear layer (one that PEFT adapts or saves is not the head the kernel would read), a model
-        that rescales its logits otherwise than TRL's kernel can."""
+        """Refuse, at construction, what ``kl_estimate="vocabulary"`` cannot run on: a TRL older than 1.16 (or one whose
+        fused head calls its kernel otherwise), ZeRO-3 or FSDP, an LM head other than a plain linear layer (one that
+        PEFT adapts or saves is not the head the kernel would read). The logits' transform (temperature, scale,
+        soft-capping) is the one TRL's fused head passes its kernel, for either model."""
         if not self._vocabulary_kl:
             return
         require_trl(VOCABULARY_KL_TRL, "kl_estimate='vocabulary'", "Use kl_estimate='sample' with the installed TRL.")
@@ -134,7 +115,6 @@ class VocabularyKLMixin:
                     f"{type(head).__name__}, not a torch.nn.Linear (e.g. a LoRA adapter or `modules_to_save` on the "
                     "head): leave the head out of the PEFT config, or use kl_estimate='sample'."
                 )
-            head_transform(causal_lm.config)
         import trl
         import trl.trainer.utils as trl_utils
 
@@ -333,24 +313,27 @@ def memory_estimate(
     bytes_per_value: int = 2,
     head_trains: bool = True,
 ) -> dict[str, int]:
-    """What ``kl_estimate="vocabulary"`` adds to a process's memory, in bytes, from the shapes alone (no allocation):
+    """What ``kl_estimate="vocabulary"`` holds in a process's memory beyond ``"sample"``, in bytes, from the shapes
+    alone (no allocation):
 
     * ``anchor_hidden_states``: the anchor's states in the generation batch, ``generation_batch × length × H`` values
       of the model's dtype (`bytes_per_value`), held from generation to the batch's last micro-step;
     * ``anchor_head_copy``: π_old's head copied at generation when it trains (`head_trains`: full fine-tuning; not with
       LoRA, and not for a reference model without syncs), ``V × H`` values;
-    * ``kernel_tiles``: the kernel's two float32 tiles, ``min(N, 4096) × min(V, 32768)`` each, during the loss's forward
-      and backward passes (``N = micro_batch × length`` positions);
-    * ``head_gradient``: the kernel's float32 accumulator of the head's gradient, ``V × H`` (when the head trains), and
-      ``hidden_gradient``, of the states' gradient, ``N × H``, during the backward pass."""
+    * ``anchor_rows``: the micro-batch's anchor states at its labelled positions, kept for the backward pass,
+      ``micro_batch × length × H`` values (at most);
+    * ``kernel_tiles``: the fused kernel's four float32 tiles (the two models' logits and exponentials),
+      ``min(N, 4096) × min(V, 16384)`` each (``N = micro_batch × length``), during the loss's forward and backward
+      passes, in place of TRL's kernel's, ``trl_kernel_tiles`` (three float32 tiles and one of the compute dtype,
+      ``min(N, 4096) × min(V, 32768)``): the gradients' float32 accumulators are TRL's, not added."""
     positions = micro_batch * completion_length
-    tile = min(positions, 4096) * min(vocab_size, 32768) * 4
+    rows = min(positions, 4096)
     return {
         "anchor_hidden_states": generation_batch * completion_length * hidden_size * bytes_per_value,
         "anchor_head_copy": vocab_size * hidden_size * bytes_per_value if head_trains else 0,
-        "kernel_tiles": 2 * tile,
-        "head_gradient": vocab_size * hidden_size * 4 if head_trains else 0,
-        "hidden_gradient": positions * hidden_size * 4,
+        "anchor_rows": positions * hidden_size * bytes_per_value,
+        "kernel_tiles": 4 * rows * min(vocab_size, 16384) * 4,
+        "trl_kernel_tiles": rows * min(vocab_size, 32768) * (3 * 4 + bytes_per_value),
     }
 
 
@@ -363,7 +346,7 @@ def memory_table(completion_length: int = 4096, generation_batch: int = 64, micr
     fine-tuning and LoRA: ``python -c "from rpg_trl.vocabulary_kl import memory_table; print(memory_table())"``."""
     rows = [
         f"| model, {completion_length} tokens | training | anchor states ({generation_batch} completions) | head copy | "
-        f"kernel tiles | head gradient (fp32) | states' gradient (fp32, {micro_batch} completions) |",
+        f"anchor rows ({micro_batch} completions) | kernel tiles | TRL's kernel tiles (replaced) |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, (hidden, vocab) in MEMORY_TABLE_MODELS.items():

@@ -56,7 +56,7 @@ REDUCED_METRICS = (
 
 @pytest.fixture(scope="module")
 def two_process_runs(tiny_model_dir, tmp_path_factory):
-    """Results of the two-process runs, one launch for every aggregation."""
+    """Results of the two-process runs, one launch for every aggregation and variant."""
     out = tmp_path_factory.mktemp("two-processes")
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
@@ -64,7 +64,8 @@ def two_process_runs(tiny_model_dir, tmp_path_factory):
     cmd += ["--master_port", str(free_port()), str(WORKER), tiny_model_dir, str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stderr[-6000:]
-    return {agg: torch.load(out / f"{agg}.pt", weights_only=False) for agg in AGGREGATIONS}
+    names = list(AGGREGATIONS) + list(mp_worker.VARIANTS)
+    return {name: torch.load(out / f"{name}.pt", weights_only=False) for name in names}
 
 
 def _train_logs(result):
@@ -77,7 +78,19 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(
 ):
     multi = two_process_runs[aggregation]
     single = mp_worker.run(tiny_model_dir, tmp_path, aggregation, world_size=1)
+    assert_same_as_one_process(multi, single, tiny_model_dir, aggregation)
 
+
+@pytest.mark.parametrize("variant", list(mp_worker.VARIANTS))
+def test_two_processes_equal_one_process_in_each_variant(two_process_runs, tiny_model_dir, tmp_path, variant):
+    """kl_estimate="vocabulary" (the sampling anchor, its head copied at generation) under DDP: the same logged metrics
+    and the same update as one process."""
+    aggregation, overrides = mp_worker.VARIANTS[variant]
+    single = mp_worker.run(tiny_model_dir, tmp_path, aggregation, world_size=1, **overrides)
+    assert_same_as_one_process(two_process_runs[variant], single, tiny_model_dir, variant)
+
+
+def assert_same_as_one_process(multi, single, tiny_model_dir, name):
     # The same global batch: each process holds whole groups, together the prompts of the one-process batch.
     assert len(multi["prompts"]) == 2 and all(len(p) == 4 for p in multi["prompts"])  # generated once, used twice
     assert sorted(multi["prompts"][0] + multi["prompts"][1]) == sorted(single["prompts"][0])
@@ -89,7 +102,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(
         for key in REDUCED_METRICS:
             assert (key in m) == (key in s), (step, key)
             if key in s and s[key] is not None:
-                assert m[key] == pytest.approx(s[key], rel=1e-5, abs=1e-7), (aggregation, step, key, m[key], s[key])
+                assert m[key] == pytest.approx(s[key], rel=1e-5, abs=1e-7), (name, step, key, m[key], s[key])
     off_policy = logs_single[1]  # step 2 reuses step 1's batch: the metrics are not trivial
     assert off_policy["kl"] > 0 and off_policy["clip_ratio/region_mean"] > 0 and off_policy["loss"] != 0
 

@@ -18,10 +18,11 @@ Its gradient is exact: per logit ``1[v = y] − p`` for the log-prob, ``−p ⊙
 gradient, summed into one tile before the two gradient products. A separate divergence kernel
 (`trl.kernels.chunked_divergence`) would project the policy's states through the head again, twice forward and twice
 backward; folded here, the KL adds the anchor's projection only (one product forward, one in the backward pass, none
-when no gradient reaches the KL), and two float32 tiles of memory.
+when no gradient reaches the KL); its tiles are half the width of TRL's, four of them held at once.
 
 The tiles run as torch operations on every device (on a GPU the products are cuBLAS's; the folds are not a Triton
-kernel), in the autocast dtype when autocast is on (else the states' dtype), the folds in float32.
+kernel), in the autocast dtype when autocast is on (else the states' dtype), the folds and the gradients' accumulators
+in float32 (float64 for float64 products).
 """
 
 from __future__ import annotations
@@ -40,21 +41,37 @@ def _compute_dtype(hidden: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
 
 
+def _fold_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Float32, or float64 for float64 products (a float64 model's KL keeps its digits)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _logits(hidden, weight, bias, start, end, dtype, transform):
-    """One tile of transformed logits, float32, and tanh's value where a softcap applies (for the chain rule)."""
+    """One tile of transformed logits in the fold's dtype (a new tensor), and tanh's value where a softcap applies (for
+    the chain rule)."""
     tile = torch.mm(hidden, weight[start:end].to(dtype).t())
     if bias is not None:
-        tile = tile + bias[start:end].to(dtype)
+        tile.add_(bias[start:end].to(dtype))
     logit_scale, softcap, inv_t = transform
-    y = tile.float() * logit_scale
+    fold = _fold_dtype(dtype)
+    z = tile.to(fold) if tile.dtype != fold else tile
     if softcap is None:
-        return y * inv_t, None
-    t = torch.tanh(y / softcap)
-    return softcap * t * inv_t, t
+        return z.mul_(logit_scale * inv_t), None
+    t = z.mul_(logit_scale / softcap).tanh_()
+    return t * (softcap * inv_t), t
+
+
+def _row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``(a * b).sum(-1)`` of two (n, c) tiles without an (n, c) temporary."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
 def _addmm_fp32(accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """``accumulator += a @ b`` in float32, without rounding the product to the inputs' dtype first."""
+    """``accumulator += a @ b`` in the accumulator's dtype (float32 or float64), without rounding the product to the
+    inputs' dtype first."""
+    if a.dtype == accumulator.dtype:
+        accumulator.addmm_(a, b.to(a.dtype))
+        return
     try:
         torch.addmm(accumulator, a, b, out_dtype=torch.float32, out=accumulator)
     except (RuntimeError, TypeError):  # a torch or a backend without `out_dtype` for these dtypes
@@ -62,7 +79,7 @@ def _addmm_fp32(accumulator: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> 
 
 
 class LogProbKLFunction(torch.autograd.Function):
-    """``(log_probs, entropy, kl)``, each (N,) float32, of the policy's states `hidden` (N, H) and head `weight` (V, H)
+    """``(log_probs, entropy, kl)``, each (N,) float32 (as TRL's kernel returns; folded in float64 for float64 states), of the policy's states `hidden` (N, H) and head `weight` (V, H)
     / `bias` (V,) against the anchor's `anchor_hidden` / `anchor_weight` / `anchor_bias`, treated as constants
     (module docstring). `reverse`: ``KL(p‖q)`` if true, else ``KL(q‖p)``; `transform`: ``(logit_scale,
     final_logit_softcapping or None, 1 / temperature)``, as TRL's fused head applies them. Differentiable with respect
@@ -75,10 +92,12 @@ class LogProbKLFunction(torch.autograd.Function):
         dtype = _compute_dtype(hidden)
 
         def column(fill):
-            return torch.full((n,), fill, device=hidden.device, dtype=torch.float32)
+            return torch.full((n,), fill, device=hidden.device, dtype=_fold_dtype(dtype))
 
-        # Per position: the policy's running maximum, Σ e^(z−m), Σ e^(z−m)·z and target logit; the anchor's running
-        # maximum and Σ e^(z'−m'); and the KL's sum, Σ e^(z−m)·(z − z') (reverse) or Σ e^(z'−m')·(z' − z) (forward).
+        # Per position: the policy's running maximum m, Σ e^(z−m), Σ e^(z−m)·z and target logit; the anchor's running
+        # maximum m' and Σ e^(z'−m'); and the KL's sum, Σ e^(z−m)·(z − z') (reverse) or Σ e^(z'−m')·(z' − z)
+        # (forward), each rescaled whenever its maximum grows. (The difference is formed per word: two sums of
+        # logits subtracted at the end would lose the KL's digits to their size.)
         m, s, x, target = column(-torch.inf), column(0.0), column(0.0), column(0.0)
         m_a, s_a, kl_sum = column(-torch.inf), column(0.0), column(0.0)
         for a in range(0, n, TOKEN_TILE):
@@ -88,37 +107,37 @@ class LogProbKLFunction(torch.autograd.Function):
                 end = min(start + VOCABULARY_TILE, vocab)
                 z, _ = _logits(h, weight, bias, start, end, dtype, transform)
                 z_anchor, _ = _logits(h_anchor, anchor_weight, anchor_bias, start, end, dtype, transform)
-                # The policy's online logsumexp, with Σ e^z·z (the entropy) and, reverse, Σ e^z·(z − z').
-                new_m = torch.maximum(m[a:b], z.amax(-1))
-                rescale = torch.exp(m[a:b] - new_m)
-                e = torch.exp(z - new_m[:, None])
-                s[a:b] = s[a:b] * rescale + e.sum(-1)
-                x[a:b] = x[a:b] * rescale + (e * z).sum(-1)
-                m[a:b] = new_m
-                new_m_a = torch.maximum(m_a[a:b], z_anchor.amax(-1))
-                rescale_a = torch.exp(m_a[a:b] - new_m_a)
-                e_anchor = torch.exp(z_anchor - new_m_a[:, None])
-                s_a[a:b] = s_a[a:b] * rescale_a + e_anchor.sum(-1)
-                m_a[a:b] = new_m_a
-                if reverse:
-                    kl_sum[a:b] = kl_sum[a:b] * rescale + (e * (z - z_anchor)).sum(-1)
-                else:
-                    kl_sum[a:b] = kl_sum[a:b] * rescale_a + (e_anchor * (z_anchor - z)).sum(-1)
                 local = rows_target - start
                 inside = (local >= 0) & (local < end - start)
                 picked = z.gather(-1, local.clamp(0, end - start - 1)[:, None]).squeeze(-1)
                 target[a:b] = torch.where(inside, picked, target[a:b])
+                new_m = torch.maximum(m[a:b], z.amax(-1))
+                rescale = torch.exp(m[a:b] - new_m)
+                e = torch.sub(z, new_m[:, None]).exp_()
+                s[a:b] = s[a:b] * rescale + e.sum(-1)
+                x[a:b] = x[a:b] * rescale + _row_dot(e, z)
+                m[a:b] = new_m
+                new_m_a = torch.maximum(m_a[a:b], z_anchor.amax(-1))
+                rescale_a = torch.exp(m_a[a:b] - new_m_a)
+                e_anchor = torch.sub(z_anchor, new_m_a[:, None]).exp_()
+                s_a[a:b] = s_a[a:b] * rescale_a + e_anchor.sum(-1)
+                m_a[a:b] = new_m_a
+                difference = z_anchor.sub_(z)  # z' − z, in the anchor's tile
+                if reverse:
+                    kl_sum[a:b] = kl_sum[a:b] * rescale - _row_dot(e, difference)
+                else:
+                    kl_sum[a:b] = kl_sum[a:b] * rescale_a + _row_dot(e_anchor, difference)
         log_z, log_z_anchor = m + torch.log(s), m_a + torch.log(s_a)
         log_probs = target - log_z
         entropy = log_z - x / s
-        if reverse:
+        if reverse:  # Σ p·(z − z') − log Z + log Z'
             kl = kl_sum / s - log_z + log_z_anchor
-        else:
+        else:  # Σ q·(z' − z) − log Z' + log Z
             kl = kl_sum / s_a - log_z_anchor + log_z
         ctx.save_for_backward(hidden, weight, bias, targets, anchor_hidden, anchor_weight, anchor_bias)
         ctx.statistics = (log_z, entropy, log_z_anchor, kl)
         ctx.reverse, ctx.transform, ctx.dtype = reverse, transform, dtype
-        return log_probs, entropy, kl
+        return log_probs.float(), entropy.float(), kl.float()
 
     @staticmethod
     def backward(ctx, grad_log_probs, grad_entropy, grad_kl):
@@ -127,47 +146,61 @@ class LogProbKLFunction(torch.autograd.Function):
         dtype, transform = ctx.dtype, ctx.transform
         logit_scale, softcap, inv_t = transform
         wants_hidden, wants_weight, wants_bias = ctx.needs_input_grad[:3]
-        grads = [g.float() if g is not None else None for g in (grad_log_probs, grad_entropy, grad_kl)]
-        grad_log_probs, grad_entropy, grad_kl = grads
         n, vocab = hidden.shape[0], weight.shape[0]
-        grad_hidden = torch.zeros(hidden.shape, device=hidden.device, dtype=torch.float32) if wants_hidden else None
-        grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if wants_weight else None
-        grad_bias = torch.zeros(bias.shape, device=bias.device, dtype=torch.float32) if wants_bias else None
-        if all(g is None for g in grads) or not (wants_hidden or wants_weight or wants_bias):
+        fold = _fold_dtype(dtype)
+        grad_hidden = torch.zeros(hidden.shape, device=hidden.device, dtype=fold) if wants_hidden else None
+        grad_weight = torch.zeros(weight.shape, device=weight.device, dtype=fold) if wants_weight else None
+        grad_bias = torch.zeros(bias.shape, device=bias.device, dtype=fold) if wants_bias else None
+        given = [g is not None for g in (grad_log_probs, grad_entropy, grad_kl)]
+        if not any(given) or not (wants_hidden or wants_weight or wants_bias):
             return grad_hidden, grad_weight, grad_bias, None, None, None, None, None, None
+        zeros = torch.zeros(n, device=hidden.device, dtype=fold)
+        g_lp, g_ent, g_kl = (zeros if g is None else g.to(fold) for g in (grad_log_probs, grad_entropy, grad_kl))
+        # The logits' gradient, per tile: p ⊙ (α·log p + c − γ·log q) − γ'·q + g_lp·1[v = y], with per-position
+        # coefficients: reverse, α = g_kl − g_ent, γ = g_kl, γ' = 0 and c = −g_lp − g_ent·H − g_kl·KL; forward,
+        # α = −g_ent, γ = 0, γ' = g_kl and c = −g_lp − g_ent·H + g_kl.
+        if ctx.reverse:
+            alpha, gamma = g_kl - g_ent, g_kl
+            c = -g_lp - g_ent * entropy - g_kl * kl
+        else:
+            alpha, gamma = -g_ent, None
+            c = -g_lp - g_ent * entropy + g_kl
+        needs_anchor = given[2]
+        chain = logit_scale * inv_t
         for a in range(0, n, TOKEN_TILE):
             b = min(a + TOKEN_TILE, n)
             h = hidden[a:b].to(dtype)
+            rows = torch.arange(b - a, device=hidden.device)
             for start in range(0, vocab, VOCABULARY_TILE):
                 end = min(start + VOCABULARY_TILE, vocab)
                 z, t = _logits(h, weight, bias, start, end, dtype, transform)
-                log_p = z - log_z[a:b, None]
+                log_p = z.sub_(log_z[a:b, None])
                 p = torch.exp(log_p)
-                grad = torch.zeros_like(z)
-                if grad_log_probs is not None:
-                    is_target = torch.arange(start, end, device=z.device) == targets[a:b, None]
-                    grad += grad_log_probs[a:b, None] * (is_target.float() - p)
-                if grad_entropy is not None:
-                    grad -= grad_entropy[a:b, None] * p * (log_p + entropy[a:b, None])
-                if grad_kl is not None:
+                inner = log_p.mul_(alpha[a:b, None]).add_(c[a:b, None])
+                if needs_anchor:
                     z_anchor, _ = _logits(
                         anchor_hidden[a:b].to(dtype), anchor_weight, anchor_bias, start, end, dtype, transform
                     )
-                    log_q = z_anchor - log_z_anchor[a:b, None]
+                    log_q = z_anchor.sub_(log_z_anchor[a:b, None])
                     if ctx.reverse:
-                        grad += grad_kl[a:b, None] * p * (log_p - log_q - kl[a:b, None])
-                    else:
-                        grad += grad_kl[a:b, None] * (p - torch.exp(log_q))
-                grad = grad * inv_t
+                        inner.sub_(log_q.mul_(gamma[a:b, None]))
+                grad = p.mul_(inner)
+                if needs_anchor and not ctx.reverse:
+                    grad.sub_(log_q.exp_().mul_(g_kl[a:b, None]))
+                if given[0]:
+                    local = targets[a:b] - start
+                    inside = (local >= 0) & (local < end - start)
+                    grad[rows[inside], local[inside]] += g_lp[a:b][inside]
+                grad.mul_(chain)
                 if t is not None:
-                    grad = grad * (1 - t * t)
-                grad = (grad * logit_scale).to(dtype)
+                    grad.mul_(1 - t * t)
+                grad = grad.to(dtype)
                 if grad_hidden is not None:
                     _addmm_fp32(grad_hidden[a:b], grad, weight[start:end].to(dtype))
                 if grad_weight is not None:
                     _addmm_fp32(grad_weight[start:end], grad.t(), h)
                 if grad_bias is not None:
-                    grad_bias[start:end] += grad.sum(0, dtype=torch.float32)
+                    grad_bias[start:end] += grad.sum(0, dtype=fold)
         return (
             None if grad_hidden is None else grad_hidden.to(hidden.dtype),
             None if grad_weight is None else grad_weight.to(weight.dtype),

@@ -51,7 +51,15 @@ def make_rollout(tokenizer):
     return rollout
 
 
-def run(model_dir, output_dir, aggregation: str, world_size: int) -> dict:
+#: Runs beside the aggregations: name -> (aggregation, config overrides).
+VARIANTS = {
+    # Each position's KL over the vocabulary, against π_old (its head copied at generation): the KL runs inside the
+    # fused head of the DDP-wrapped forward, so its head gradient is reduced with the others.
+    "vocabulary": ("token-mean", {"kl_estimate": "vocabulary", "kl_anchor": "sampling"}),
+}
+
+
+def run(model_dir, output_dir, aggregation: str, world_size: int, **overrides) -> dict:
     """Train 2 steps with the global batch split over `world_size` processes; return what process 0 reports."""
     seen_prompts: list[str] = []
 
@@ -75,6 +83,7 @@ def run(model_dir, output_dir, aggregation: str, world_size: int) -> dict:
             lr_scheduler_type="constant",
             max_grad_norm=0.0,
             beta=0.1,
+            **overrides,
         )
     )
     model = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.float64)
@@ -100,7 +109,8 @@ def run(model_dir, output_dir, aggregation: str, world_size: int) -> dict:
 
 if __name__ == "__main__":
     model_dir, out_dir = sys.argv[1], sys.argv[2]
-    for aggregation in AGGREGATIONS:
-        result = run(model_dir, f"{out_dir}/{aggregation}-run", aggregation, world_size=2)
+    runs = {aggregation: (aggregation, {}) for aggregation in AGGREGATIONS} | VARIANTS
+    for name, (aggregation, overrides) in runs.items():
+        result = run(model_dir, f"{out_dir}/{name}-run", aggregation, world_size=2, **overrides)
         if dist.get_rank() == 0:
-            torch.save(result, f"{out_dir}/{aggregation}.pt")
+            torch.save(result, f"{out_dir}/{name}.pt")

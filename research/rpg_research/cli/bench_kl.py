@@ -72,6 +72,8 @@ KL_FOLLOW_UP_ARMS = {
     # GRPO as TRL runs it, its k3 to the reference without importance weight (the fifth protocol's GRPO arm).
     "GRPO (TRL, k3 uncorrected)": {"trainer": "grpo", "use_bias_correction_kl": False},
     "RPG-URKL, token, default, adaptive β": {"divergence": "urkl", "kl_level": "token", "kl_target": KL_TARGET},
+    # Each position's KL exactly over the vocabulary in place of the sampled token's (the sixth protocol).
+    "RPG-URKL, token, vocabulary": {"divergence": "urkl", "kl_level": "token", "kl_estimate": "vocabulary"},
     # The normalised forward KL, whose weight K = −r does not grow with w (the third KL protocol measures whether
     # truncating it matters).
     **{

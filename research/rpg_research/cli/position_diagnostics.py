@@ -61,13 +61,17 @@ GRADIENT_KEYS = {
 GRADIENT_PHASES = ("all", "after_refresh", "later")
 
 
-def kl_gradient_diagnostics(parameters, logps, inputs, spec, aggregate, ref_logps=None) -> dict[str, float]:
+def kl_gradient_diagnostics(
+    parameters, logps, inputs, spec, aggregate, ref_logps=None, position_kl=None, groups=None
+) -> dict[str, float]:
     """The numbers of [`GRADIENT_KEYS`] of one step, from the policy's log-probabilities `logps` (B, T) with their
     graph to `parameters`, the batch `inputs` (``old_per_token_logps``, ``advantages``, ``completion_mask``) and the
     loss `spec` ([`rpg_trl.losses.RPGLossSpec`]); `aggregate(per_token_loss, float_mask)` reduces a per-token loss
     as the trainer does. The KL term alone is `rpg_per_token_loss` with the reward term masked out (``reward_mask``
-    0, so the clip regions stay the step's), the reward term alone the same loss with β = 0. The graph of `logps` is
-    kept (``retain_graph``): the trainer's backward pass follows."""
+    0, so the clip regions stay the step's), the reward term alone the same loss with β = 0. With
+    ``kl_estimate="vocabulary"``, `position_kl` is the step's exact per-position KL (with its graph) and `groups` the
+    prompt labels of ``kl_to_go_baseline``, as the trainer passed them to the loss. The graphs of `logps` and
+    `position_kl` are kept (``retain_graph``): the trainer's backward pass follows."""
     import torch
 
     from rpg_trl.losses import rpg_per_token_loss, summarize_stats
@@ -81,8 +85,9 @@ def kl_gradient_diagnostics(parameters, logps, inputs, spec, aggregate, ref_logp
 
     def per_token(loss_spec, reward_mask=None):
         return rpg_per_token_loss(
-            logps, old, advantages, mask, loss_spec, ref_logps=ref_logps, reward_mask=reward_mask
-        )
+            logps, old, advantages, mask, loss_spec, ref_logps=ref_logps, reward_mask=reward_mask,
+            position_kl=position_kl, groups=groups,
+        )  # fmt: skip
 
     kl_loss, _ = per_token(spec, reward_mask=torch.zeros_like(fmask))
     reward_loss, _ = per_token(spec.replace(beta=0.0))
@@ -136,6 +141,17 @@ class PositionDiagnostics:
 
         compute_loss, get_logps = trainer._compute_loss, trainer._get_per_token_logps_and_entropies
         captured: list = []
+        #: kl_estimate="vocabulary": the loss's exact per-position KL and prompt labels, as the loss received them.
+        loss_inputs: dict = {}
+        if isinstance(trainer, RPGTrainer):
+            import rpg_trl.trainer as trainer_module
+
+            loss_function = trainer_module.rpg_per_token_loss
+
+            def keep_loss_inputs(*args, position_kl=None, groups=None, **kwargs):
+                loss_inputs.update(position_kl=position_kl, groups=groups)
+                return loss_function(*args, position_kl=position_kl, groups=groups, **kwargs)
+
         if isinstance(trainer, RPGTrainer):
             spec = trainer.loss_spec
             dual_clip = spec.clip
@@ -155,7 +171,10 @@ class PositionDiagnostics:
 
         def wrapped(model, inputs):
             captured.clear()
+            loss_inputs.clear()
             setattr(trainer, name, logps_during_the_loss)
+            if spec is not None:
+                trainer_module.rpg_per_token_loss = keep_loss_inputs
             try:
                 loss = compute_loss(model, inputs)
             finally:
@@ -163,6 +182,8 @@ class PositionDiagnostics:
                     delattr(trainer, name)
                 else:
                     setattr(trainer, name, own)
+                if spec is not None:
+                    trainer_module.rpg_per_token_loss = loss_function
             if trainer.model.training and captured:
                 current_spec = trainer.loss_spec if spec is not None else None
                 self.record(
@@ -176,13 +197,13 @@ class PositionDiagnostics:
                     reference=spec is not None and trainer.args.kl_anchor == "reference",
                 )
                 if current_spec is not None and current_spec.beta > 0 and captured[0].requires_grad:
-                    self.record_gradients(trainer, model, captured[0], inputs, current_spec)
+                    self.record_gradients(trainer, model, captured[0], inputs, current_spec, **loss_inputs)
             return loss
 
         trainer._compute_loss = wrapped
         return self
 
-    def record_gradients(self, trainer, model, logps, inputs, spec) -> None:
+    def record_gradients(self, trainer, model, logps, inputs, spec, position_kl=None, groups=None) -> None:
         """Add one step's numbers of [`GRADIENT_KEYS`] ([`kl_gradient_diagnostics`]) for an `RPGTrainer` `trainer`,
         with the trainer's aggregation (its `_aggregate`, without the gradient-accumulation scale, which no ratio
         reads) and whether the step is the first after a refresh of π_old (TRL's micro-batch counter `_step`)."""
@@ -191,7 +212,7 @@ class PositionDiagnostics:
         def aggregate(per_token_loss, fmask):
             return trainer._aggregate(per_token_loss, fmask, inputs, "eval")[0]
 
-        numbers = kl_gradient_diagnostics(model.parameters(), logps, inputs, spec, aggregate, ref)
+        numbers = kl_gradient_diagnostics(model.parameters(), logps, inputs, spec, aggregate, ref, position_kl, groups)
         generate_every = trainer.args.steps_per_generation * trainer.num_iterations
         numbers["after_refresh"] = getattr(trainer, "_step", len(self.gradient_steps)) % generate_every == 0
         self.gradient_steps.append(numbers)

@@ -201,6 +201,20 @@ def zero2_lora_resumed(assets, zero2_lora):
     return _resumed(assets, zero2_lora, "deepspeed_zero2.yaml", [*LORA, *REFERENCE])
 
 
+#: Each position's KL exactly over the vocabulary (the sampling anchor, π_old's head copied at each generation).
+VOCABULARY = ["--kl_estimate", "vocabulary"]
+
+
+@pytest.fixture(scope="module")
+def ddp_vocabulary(assets):
+    return _launch(assets, "ddp-vocabulary", "multi_gpu.yaml", VOCABULARY)
+
+
+@pytest.fixture(scope="module")
+def zero2_vocabulary(assets):
+    return _launch(assets, "zero2-vocabulary", "deepspeed_zero2.yaml", VOCABULARY)
+
+
 @pytest.fixture(scope="module")
 def zero3(assets):
     return _launch(assets, "zero3", "deepspeed_zero3.yaml", [])
@@ -410,6 +424,19 @@ def test_synced_reference_equals_ddp(request, ddp, name):
     for step, policy in ((2, "checkpoint-2/model.safetensors"), (4, "model.safetensors")):
         reference = run.tensors(f"checkpoint-{step}/rpg_reference.safetensors")
         assert_same_weights(reference, ddp.tensors(policy), f"{name}: reference at step {step}")
+
+
+@needs_deepspeed
+def test_the_vocabulary_kl_under_zero2_equals_ddp(zero2_vocabulary, ddp_vocabulary, ddp):
+    """kl_estimate="vocabulary" with 2 processes: ZeRO-2 equals DDP (the KL runs inside the fused head of the wrapped
+    forward, so its head gradient is reduced with the others). Its KL is 0 on the first step of each generation (no
+    optimizer step since π_old's pass) and not the sampled run's on the second."""
+    assert_same_history(zero2_vocabulary, ddp_vocabulary)
+    for path in ("checkpoint-2/model.safetensors", "model.safetensors"):
+        assert_same_weights(zero2_vocabulary.tensors(path), ddp_vocabulary.tensors(path), f"zero2 vocabulary {path}")
+    kl, sampled = ddp_vocabulary.series("kl"), ddp.series("kl")
+    assert kl[0] == kl[2] == 0.0 and kl[1] > 0 and kl[3] > 0
+    assert kl[1] != pytest.approx(sampled[1], rel=1e-3)
 
 
 @needs_deepspeed

@@ -426,3 +426,45 @@ def test_nonfinite_vllm_sampling_logps_are_counted_logged_and_reported_once(tiny
     trainer.use_vllm = trainer.vllm_importance_sampling_correction = False
     trainer._generate_and_score_completions(inputs)
     assert trainer._metrics["train"]["vllm/nonfinite_logps"] == [3.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [dict(kl_anchor="sampling", beta=0.1), dict(kl_anchor="reference", beta=0.1, sync_ref_model=True)],
+    ids=["sampling anchor", "reference synced"],
+)
+@pytest.mark.parametrize("parent", ["returns", "raises"])
+def test_the_config_passed_in_is_never_written_to(tiny_model_dir, tmp_path, monkeypatch, fields, parent):
+    """RPGTrainer builds GRPOTrainer as if β were 0 (sampling anchor) and without TRL's reference sync (RPG's serves
+    it), on a copy of `args`: the RPGConfig passed in holds what it held at every point of the construction, when the
+    parent is entered, after it returns or raises, and after the trainer is built; the trainer's copy holds the β and
+    `sync_ref_model` asked for."""
+    from trl import GRPOTrainer
+
+    args = RPGConfig(**tiny_run_args(tmp_path, **fields))
+    before = args.to_dict()
+    seen = []
+    build = GRPOTrainer.__init__
+
+    def parent_init(self, *a, **kw):
+        seen.append(args.to_dict())
+        if parent == "raises":
+            raise RuntimeError("the parent failed (test)")
+        build(self, *a, **kw)
+        seen.append(args.to_dict())
+
+    monkeypatch.setattr(GRPOTrainer, "__init__", parent_init)
+    if parent == "raises":
+        with pytest.raises(RuntimeError, match="the parent failed"):
+            RPGTrainer(
+                tiny_model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
+            )
+        assert seen == [before] and args.to_dict() == before
+        return
+    trainer = RPGTrainer(
+        tiny_model_dir, count_sevens, args=args, train_dataset=PROMPTS, processing_class=build_char_tokenizer()
+    )
+    assert seen == [before, before] and args.to_dict() == before
+    assert trainer.args is not args and trainer.args.beta == 0.1
+    assert trainer.args.sync_ref_model == fields.get("sync_ref_model", False)
+    assert (trainer.ref_model is None) == (fields["kl_anchor"] == "sampling")

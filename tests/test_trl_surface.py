@@ -204,8 +204,8 @@ WINDOW_RELEASES = ("1.14.2", "1.15.0", "1.16.0")
 def test_each_release_of_the_window_has_one_description_of_each_method():
     """Per release, the entries that hold describe each method the library overrides or calls once (with the
     parameters of that release); the asynchronous trainer's entries hold from ASYNC_TRL on, and only they and the
-    `_get_per_token_logps_and_entropies` of TRL 1.14 (which passes its arguments on with `*args, **kwargs`) are
-    limited to some releases."""
+    `_get_per_token_logps_and_entropies` of TRL 1.14 (which passes its arguments on with `*args, **kwargs`), and the
+    fused LM head's behaviour that kl_estimate="vocabulary" relies on (TRL 1.16 on), are limited to some releases."""
     assert [in_trl_window(r) for r in WINDOW_RELEASES] == [True] * 3
     assert not in_trl_window("1.14.1") and not in_trl_window("1.17.0") and in_trl_window("1.16.1")
     for release in WINDOW_RELEASES:
@@ -213,12 +213,20 @@ def test_each_release_of_the_window_has_one_description_of_each_method():
             (e.owner, e.name) for e in PRIVATE_SURFACE if e.kind in ("override", "call") and e.holds_for(release)
         ]
         assert len(methods) == len(set(methods)), release
-        logps = [e for e in PRIVATE_SURFACE if e.name == "_get_per_token_logps_and_entropies" and e.holds_for(release)]
+        logps = [
+            e
+            for e in PRIVATE_SURFACE
+            if e.name == "_get_per_token_logps_and_entropies"
+            and e.kind in ("override", "call")
+            and e.holds_for(release)
+        ]
         assert [e.signature[1] for e in logps] == ["args" if release == "1.14.2" else "input_ids"], release
     for entry in PRIVATE_SURFACE:
         if entry.owner.startswith("trl.experimental.async_grpo"):
             assert entry.releases == f">={ASYNC_TRL}", (entry.owner, entry.name)
             assert [entry.holds_for(r) for r in WINDOW_RELEASES] == [False, False, True]
+        elif entry.releases == ">=1.16":  # kl_estimate="vocabulary", which needs TRL 1.16's fused LM head
+            assert entry.used_in == ("vocabulary_kl.py",) and entry.kind == "behaviour", (entry.owner, entry.name)
         elif entry.releases:
             assert entry.name == "_get_per_token_logps_and_entropies", (entry.owner, entry.name, entry.releases)
 

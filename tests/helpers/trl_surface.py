@@ -163,12 +163,24 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
     # ---- GRPOTrainer.__init__
     PrivateName(GRPO, "__init__", "behaviour", (_TRAINER_PY,),
                 ("self.beta = args.beta", "if self.beta == 0.0:", "self.ref_model = None"),
-                "With kl_anchor='sampling', RPGTrainer builds GRPOTrainer with beta = 0 (no reference model) "
-                "and sets it back."),
+                "With kl_anchor='sampling', RPGTrainer builds GRPOTrainer on a copy of its config with beta = 0 "
+                "(no reference model)."),
     PrivateName(GRPO, "__init__", "behaviour", (_TRAINER_PY,),
                 ("if args.sync_ref_model:", "SyncRefModelCallback"),
                 "RPGTrainer builds GRPOTrainer with sync_ref_model = False and installs its own "
                 "RefModelSyncCallback."),
+    # ---- kl_estimate="vocabulary" (TRL 1.16 on): the fused LM head's kernel, replaced for the loss's call
+    PrivateName("trl.trainer.utils", "add_fused_lm_head", "behaviour", ("vocabulary_kl.py",),
+                ("_ChunkedLogProbFunction.apply(", "compact = _use_triton(", "hidden_states[mask] if compact",
+                 "labels[mask] if compact else labels.clamp(min=0).reshape(-1)"),
+                "The loss's scoring pass looks its kernel up by this name at call time; RPGTrainer hands it one that "
+                "also computes each position's KL, for the labelled rows (compact) or every shifted position.",
+                releases=">=1.16"),
+    PrivateName(GRPO, "_get_per_token_logps_and_entropies", "behaviour", ("vocabulary_kl.py",),
+                ("labels = input_ids_batch.masked_fill(attention_mask_batch == 0, -100)",
+                 "labels[:, :-logits_to_keep] = -100", "fused_lm_head=True"),
+                "The labelled rows are the completion tokens where the mask is set: the anchor's states are matched "
+                "to them through completion_mask.", releases=">=1.16"),
     # ---- the batch of GRPOTrainer._generate_and_score_completions, read by _compute_loss
     *_keys(f"{GRPO}._generate_and_score_completions", (_STEPS, _DS), ("completion_ids",)),
     *_keys(f"{GRPO}._generate_and_score_completions", (_STEPS, _DS, "reliability/importance_weights.py"),

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 import textwrap
 from collections import namedtuple
@@ -119,19 +118,20 @@ class RPGTrainer(
             )
         #: The RPG loss (divergence, estimator, β, clip, levels), built once from `args`.
         self.loss_spec = args.rpg_loss_spec()
-        # The trainer holds a copy of `args` (`self.args`), and the parent is built on it: the config passed in is
-        # never written to. GRPOTrainer creates a reference model (and scores the batch with it) iff `beta != 0`; with
-        # the sampling policy as KL anchor RPG needs none, so the parent sees beta 0. `sync_ref_model` is served by
-        # RPG's RefModelSyncCallback (installed below, PEFT included), not by TRL's.
-        parent_args = copy.copy(args)
+        rpg_beta = args.beta
+        # GRPOTrainer creates a reference model (and scores the batch with it) iff `beta != 0`. With the sampling
+        # policy as KL anchor RPG needs none, so the parent is built as if beta were 0.
         if args.kl_anchor == "sampling":
-            parent_args.beta = 0.0
-        parent_args.sync_ref_model = False
+            args.beta = 0.0
+        # `sync_ref_model` is served by RPG's RefModelSyncCallback (installed below, PEFT included), not by TRL's.
+        sync_ref_model, args.sync_ref_model = args.sync_ref_model, False
         # The variant's tag goes on the model too (GRPOTrainer adds `_tag_names` to the model in its __init__).
         self._tag_names = [*type(self)._tag_names, self.loss_spec.paper_name.lower()]
-        super().__init__(model, reward_funcs, args=parent_args, **kwargs)
-        # The trainer's copy then says what the run does: the β and `sync_ref_model` asked for.
-        self.args.beta, self.args.sync_ref_model = args.beta, args.sync_ref_model
+        try:
+            super().__init__(model, reward_funcs, args=args, **kwargs)
+        finally:
+            args.beta = rpg_beta
+            args.sync_ref_model = sync_ref_model
         self.check_vocabulary_kl()
         #: Iterative reference updates (`sync_ref_model` / `ref_model_sync_kl_threshold`), or None.
         self.ref_sync_callback = RefModelSyncCallback.install(self)

@@ -163,8 +163,8 @@ PRIVATE_SURFACE: tuple[PrivateName, ...] = (
     # ---- GRPOTrainer.__init__
     PrivateName(GRPO, "__init__", "behaviour", (_TRAINER_PY,),
                 ("self.beta = args.beta", "if self.beta == 0.0:", "self.ref_model = None"),
-                "With kl_anchor='sampling', RPGTrainer builds GRPOTrainer on a copy of its config with beta = 0 "
-                "(no reference model)."),
+                "With kl_anchor='sampling', RPGTrainer builds GRPOTrainer with beta = 0 (no reference model) "
+                "and sets it back."),
     PrivateName(GRPO, "__init__", "behaviour", (_TRAINER_PY,),
                 ("if args.sync_ref_model:", "SyncRefModelCallback"),
                 "RPGTrainer builds GRPOTrainer with sync_ref_model = False and installs its own "
